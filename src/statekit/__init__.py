@@ -1,0 +1,96 @@
+"""statekit: Flink's keyed state backends and checkpoint storage for PySpark, with PyFlink's names."""
+
+from statekit.backends.base import KeyedStateBackend, StateBackend
+from statekit.backends.heap import HashMapStateBackend
+from statekit.backends.legacy import CustomStateBackend, FsStateBackend, MemoryStateBackend
+from statekit.checkpoint.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExternalizedCheckpointCleanup,
+)
+from statekit.checkpoint.storage import (
+    CheckpointStorage,
+    CustomCheckpointStorage,
+    FileSystemCheckpointStorage,
+    JobManagerCheckpointStorage,
+)
+from statekit.runtime.environment import StreamExecutionEnvironment
+from statekit.runtime.functions import (
+    FlatMapFunction,
+    KeyedProcessFunction,
+    MapFunction,
+    RuntimeContext,
+)
+from statekit.runtime.restart import RestartStrategies
+from statekit.serde.types import TypeInformation, Types
+from statekit.state.api import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from statekit.state.descriptors import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReduceFunction,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    Time,
+    ValueStateDescriptor,
+)
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """RocksDB names load lazily, so importing statekit does not load the RocksDB library."""
+    if name in ("EmbeddedRocksDBStateBackend", "RocksDBStateBackend", "PredefinedOptions"):
+        from statekit.backends import rocksdb
+
+        return getattr(rocksdb, name)
+    raise AttributeError(f"module 'statekit' has no attribute {name!r}")
+
+
+__all__ = [
+    "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "CheckpointConfig",
+    "CheckpointStorage",
+    "CheckpointingMode",
+    "CustomCheckpointStorage",
+    "CustomStateBackend",
+    "EmbeddedRocksDBStateBackend",
+    "ExternalizedCheckpointCleanup",
+    "FileSystemCheckpointStorage",
+    "FlatMapFunction",
+    "FsStateBackend",
+    "HashMapStateBackend",
+    "JobManagerCheckpointStorage",
+    "KeyedProcessFunction",
+    "KeyedStateBackend",
+    "ListState",
+    "ListStateDescriptor",
+    "MapFunction",
+    "MapState",
+    "MapStateDescriptor",
+    "MemoryStateBackend",
+    "PredefinedOptions",
+    "ReduceFunction",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "RestartStrategies",
+    "RocksDBStateBackend",
+    "RuntimeContext",
+    "StateBackend",
+    "StateTtlConfig",
+    "StreamExecutionEnvironment",
+    "Time",
+    "TypeInformation",
+    "Types",
+    "ValueState",
+    "ValueStateDescriptor",
+]

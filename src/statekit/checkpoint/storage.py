@@ -111,9 +111,7 @@ class CheckpointStorageAccess:
         done = {f"chk-{c}/" for c in completed}
         for key in self.store.list():
             match = _CHK.match(key)
-            if match and f"chk-{match.group(1)}/" not in done and key not in referenced:
-                removed.append(key)
-            elif key.startswith(SHARED_PREFIX) and key not in referenced:
+            if (match and f"chk-{match.group(1)}/" not in done and key not in referenced) or (key.startswith(SHARED_PREFIX) and key not in referenced):
                 removed.append(key)
         for key in removed:
             self.store.delete(key)

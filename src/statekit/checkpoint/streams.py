@@ -14,6 +14,7 @@ from typing import Any
 
 from statekit.checkpoint.store import BlobStore, check_key
 from statekit.errors import (
+    CheckpointError,
     ChecksumMismatchError,
     CorruptCheckpointError,
     StateSizeError,
@@ -42,10 +43,13 @@ class CheckpointStreams:
         self.allow_shared = allow_shared
         self.written: list[str] = []
         self.bytes_written = 0
+        self.cancelled = False  # set when the checkpoint is aborted: stop writing
         self._lock = threading.Lock()
 
     def write(self, data: bytes, *, state_name: str, shared_name: str | None = None) -> dict[str, Any]:
         """Store ``data`` and return its handle; ``shared_name`` asks for a reusable shared file."""
+        if self.cancelled:
+            raise CheckpointError(f"checkpoint was aborted; not writing state '{state_name}'")
         size = len(data)
         if self.max_state_size is not None and size > self.max_state_size:
             raise StateSizeError(

@@ -1,0 +1,223 @@
+"""Checkpointing settings with PyFlink's names, constants and defaults."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from statekit.errors import ConfigError
+from statekit.state.descriptors import Time, to_millis
+
+if TYPE_CHECKING:
+    from statekit.checkpoint.storage import CheckpointStorage
+
+
+class CheckpointingMode(IntEnum):
+    """Exactly-once (state reflects every record once after recovery) or at-least-once."""
+
+    EXACTLY_ONCE = 0
+    AT_LEAST_ONCE = 1
+
+
+class ExternalizedCheckpointCleanup(IntEnum):
+    """What happens to retained checkpoints when a job is cancelled (or its input ends)."""
+
+    DELETE_ON_CANCELLATION = 0
+    RETAIN_ON_CANCELLATION = 1
+    NO_EXTERNALIZED_CHECKPOINTS = 2
+
+
+class CheckpointConfig:
+    """All checkpointing settings of one environment (PyFlink's ``CheckpointConfig``)."""
+
+    DEFAULT_MODE = CheckpointingMode.EXACTLY_ONCE
+    DEFAULT_TIMEOUT = 600000
+    DEFAULT_MIN_PAUSE_BETWEEN_CHECKPOINTS = 0
+    DEFAULT_MAX_CONCURRENT_CHECKPOINTS = 1
+    DEFAULT_NUM_RETAINED_CHECKPOINTS = 1
+    UNDEFINED_TOLERABLE_CHECKPOINT_NUMBER = -1
+
+    def __init__(self) -> None:
+        self._mode = self.DEFAULT_MODE
+        self._interval = -1
+        self._timeout = self.DEFAULT_TIMEOUT
+        self._min_pause = self.DEFAULT_MIN_PAUSE_BETWEEN_CHECKPOINTS
+        self._max_concurrent = self.DEFAULT_MAX_CONCURRENT_CHECKPOINTS
+        self._fail_on_errors = True
+        self._tolerable_failures = self.UNDEFINED_TOLERABLE_CHECKPOINT_NUMBER
+        self._cleanup = ExternalizedCheckpointCleanup.NO_EXTERNALIZED_CHECKPOINTS
+        self._prefer_checkpoint = False
+        self._unaligned = False
+        self._force_unaligned = False
+        self._alignment_timeout = 0
+        self._storage: CheckpointStorage | None = None
+        self._num_retained = self.DEFAULT_NUM_RETAINED_CHECKPOINTS
+
+    # --- interval and mode ---------------------------------------------------------------------
+
+    def is_checkpointing_enabled(self) -> bool:
+        return self._interval > 0
+
+    def get_checkpointing_mode(self) -> CheckpointingMode:
+        return self._mode
+
+    def set_checkpointing_mode(self, checkpointing_mode: CheckpointingMode) -> CheckpointConfig:
+        self._mode = CheckpointingMode(checkpointing_mode)
+        return self
+
+    def get_checkpoint_interval(self) -> int:
+        """The interval in milliseconds, or -1 when checkpointing is disabled."""
+        return self._interval
+
+    def set_checkpoint_interval(self, checkpoint_interval: int) -> CheckpointConfig:
+        interval = to_millis(checkpoint_interval)
+        if interval < 10:
+            raise ConfigError("execution.checkpointing.interval",
+                              f"{interval} ms is below the minimum of 10 ms")
+        self._interval = interval
+        return self
+
+    def get_checkpoint_timeout(self) -> int:
+        return self._timeout
+
+    def set_checkpoint_timeout(self, checkpoint_timeout: int) -> CheckpointConfig:
+        timeout = to_millis(checkpoint_timeout)
+        if timeout < 1:
+            raise ConfigError("execution.checkpointing.timeout", "must be at least 1 ms")
+        self._timeout = timeout
+        return self
+
+    def get_min_pause_between_checkpoints(self) -> int:
+        return self._min_pause
+
+    def set_min_pause_between_checkpoints(self, min_pause_between_checkpoints: int) -> CheckpointConfig:
+        pause = to_millis(min_pause_between_checkpoints)
+        if pause < 0:
+            raise ConfigError("execution.checkpointing.min-pause", "must not be negative")
+        self._min_pause = pause
+        return self
+
+    def get_max_concurrent_checkpoints(self) -> int:
+        return self._max_concurrent
+
+    def set_max_concurrent_checkpoints(self, max_concurrent_checkpoints: int) -> CheckpointConfig:
+        if int(max_concurrent_checkpoints) < 1:
+            raise ConfigError("execution.checkpointing.max-concurrent-checkpoints",
+                              "must be at least 1")
+        self._max_concurrent = int(max_concurrent_checkpoints)
+        return self
+
+    # --- failures ----------------------------------------------------------------------------------
+
+    def is_fail_on_checkpointing_errors(self) -> bool:
+        return self._fail_on_errors
+
+    def set_fail_on_checkpointing_errors(self, fail_on_checkpointing_errors: bool) -> CheckpointConfig:
+        """True (default): a failed checkpoint fails the job; False: it is only declined.
+
+        As in Flink, False means unlimited tolerable failures unless a number was set explicitly.
+        """
+        self._fail_on_errors = bool(fail_on_checkpointing_errors)
+        return self
+
+    def get_tolerable_checkpoint_failure_number(self) -> int:
+        if self._tolerable_failures == self.UNDEFINED_TOLERABLE_CHECKPOINT_NUMBER:
+            return 0 if self._fail_on_errors else 2**31 - 1
+        return self._tolerable_failures
+
+    def set_tolerable_checkpoint_failure_number(self, tolerable_checkpoint_failure_number: int
+                                                ) -> CheckpointConfig:
+        if int(tolerable_checkpoint_failure_number) < 0:
+            raise ConfigError("execution.checkpointing.tolerable-failed-checkpoints",
+                              "must not be negative")
+        self._tolerable_failures = int(tolerable_checkpoint_failure_number)
+        return self
+
+    # --- retention -----------------------------------------------------------------------------------
+
+    def enable_externalized_checkpoints(self, cleanup_mode: ExternalizedCheckpointCleanup
+                                        ) -> CheckpointConfig:
+        return self.set_externalized_checkpoint_cleanup(cleanup_mode)
+
+    def set_externalized_checkpoint_cleanup(self, cleanup_mode: ExternalizedCheckpointCleanup
+                                            ) -> CheckpointConfig:
+        self._cleanup = ExternalizedCheckpointCleanup(cleanup_mode)
+        return self
+
+    set_externalized_checkpoint_retention = set_externalized_checkpoint_cleanup
+
+    def is_externalized_checkpoints_enabled(self) -> bool:
+        return self._cleanup != ExternalizedCheckpointCleanup.NO_EXTERNALIZED_CHECKPOINTS
+
+    def get_externalized_checkpoint_cleanup(self) -> ExternalizedCheckpointCleanup | None:
+        return self._cleanup if self.is_externalized_checkpoints_enabled() else None
+
+    def get_externalized_checkpoint_retention(self) -> ExternalizedCheckpointCleanup:
+        return self._cleanup
+
+    def get_num_retained_checkpoints(self) -> int:
+        """How many completed checkpoints are kept (``state.checkpoints.num-retained``)."""
+        return self._num_retained
+
+    def set_num_retained_checkpoints(self, num_retained: int) -> CheckpointConfig:
+        if int(num_retained) < 1:
+            raise ConfigError("state.checkpoints.num-retained", "must be at least 1")
+        self._num_retained = int(num_retained)
+        return self
+
+    def is_prefer_checkpoint_for_recovery(self) -> bool:
+        return self._prefer_checkpoint
+
+    def set_prefer_checkpoint_for_recovery(self, prefer_checkpoint_for_recovery: bool
+                                           ) -> CheckpointConfig:
+        self._prefer_checkpoint = bool(prefer_checkpoint_for_recovery)
+        return self
+
+    # --- unaligned checkpoints (one operator, no channels: recorded for API compatibility) ----------
+
+    def is_unaligned_checkpoints_enabled(self) -> bool:
+        return self._unaligned
+
+    def enable_unaligned_checkpoints(self, enabled: bool = True) -> CheckpointConfig:
+        self._unaligned = bool(enabled)
+        return self
+
+    def disable_unaligned_checkpoints(self) -> CheckpointConfig:
+        return self.enable_unaligned_checkpoints(False)
+
+    def set_alignment_timeout(self, alignment_timeout: Time | _dt.timedelta | int) -> CheckpointConfig:
+        self._alignment_timeout = to_millis(alignment_timeout)
+        return self
+
+    def get_alignment_timeout(self) -> _dt.timedelta:
+        return _dt.timedelta(milliseconds=self._alignment_timeout)
+
+    def set_force_unaligned_checkpoints(self, force_unaligned_checkpoints: bool = True
+                                        ) -> CheckpointConfig:
+        self._force_unaligned = bool(force_unaligned_checkpoints)
+        return self
+
+    def is_force_unaligned_checkpoints(self) -> bool:
+        return self._force_unaligned
+
+    # --- storage -------------------------------------------------------------------------------------
+
+    def set_checkpoint_storage(self, storage: CheckpointStorage) -> CheckpointConfig:
+        from statekit.checkpoint.storage import CheckpointStorage
+
+        if not isinstance(storage, CheckpointStorage):
+            raise ConfigError("state.checkpoint-storage",
+                              f"expected a CheckpointStorage, got {type(storage).__name__}")
+        self._storage = storage
+        return self
+
+    def set_checkpoint_storage_dir(self, checkpoint_path: str) -> CheckpointConfig:
+        """Checkpoint to files under ``checkpoint_path`` (a path or fsspec URL)."""
+        from statekit.checkpoint.storage import FileSystemCheckpointStorage
+
+        self._storage = FileSystemCheckpointStorage(checkpoint_path)
+        return self
+
+    def get_checkpoint_storage(self) -> CheckpointStorage | None:
+        return self._storage

@@ -1,0 +1,118 @@
+"""User function interfaces and the runtime context they get state from (PyFlink names)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from statekit.backends.base import KeyedStateBackend
+from statekit.state.api import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from statekit.state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+
+
+class RuntimeContext:
+    """What a function sees of its running partition: its index, and keyed state by descriptor."""
+
+    def __init__(self, backend: KeyedStateBackend, task_name: str, index: int,
+                 parallelism: int, max_parallelism: int, attempt: int = 0,
+                 job_parameters: dict[str, Any] | None = None) -> None:
+        self._backend = backend
+        self._task_name = task_name
+        self._index = index
+        self._parallelism = parallelism
+        self._max_parallelism = max_parallelism
+        self._attempt = attempt
+        self._job_parameters = dict(job_parameters or {})
+
+    def get_task_name(self) -> str:
+        return self._task_name
+
+    def get_number_of_parallel_subtasks(self) -> int:
+        return self._parallelism
+
+    def get_max_number_of_parallel_subtasks(self) -> int:
+        return self._max_parallelism
+
+    def get_index_of_this_subtask(self) -> int:
+        return self._index
+
+    def get_attempt_number(self) -> int:
+        return self._attempt
+
+    def get_job_parameter(self, key: str, default_value: Any = None) -> Any:
+        return self._job_parameters.get(key, default_value)
+
+    def get_state(self, state_descriptor: ValueStateDescriptor) -> ValueState:
+        return self._backend.get_partitioned_state(state_descriptor)  # type: ignore[return-value]
+
+    def get_list_state(self, state_descriptor: ListStateDescriptor) -> ListState:
+        return self._backend.get_partitioned_state(state_descriptor)  # type: ignore[return-value]
+
+    def get_map_state(self, state_descriptor: MapStateDescriptor) -> MapState:
+        return self._backend.get_partitioned_state(state_descriptor)  # type: ignore[return-value]
+
+    def get_reducing_state(self, state_descriptor: ReducingStateDescriptor) -> ReducingState:
+        return self._backend.get_partitioned_state(state_descriptor)  # type: ignore[return-value]
+
+    def get_aggregating_state(self, state_descriptor: AggregatingStateDescriptor
+                              ) -> AggregatingState:
+        return self._backend.get_partitioned_state(state_descriptor)  # type: ignore[return-value]
+
+
+class Function:
+    """Base of user functions: ``open`` once before the first element, ``close`` at the end."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        """Create state handles here."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class KeyedProcessFunction(Function, ABC):
+    """Processes each element of a keyed stream with access to the key's state."""
+
+    class Context:
+        """Per-element context: the current key (and the element's timestamp, if any)."""
+
+        def __init__(self, backend: KeyedStateBackend) -> None:
+            self._backend = backend
+            self._timestamp: int | None = None
+
+        def get_current_key(self) -> Any:
+            return self._backend.get_current_key()
+
+        def timestamp(self) -> int | None:
+            return self._timestamp
+
+    @abstractmethod
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context
+                        ) -> Iterable[Any] | None:
+        """Yield (or return an iterable of) output elements for ``value``."""
+
+
+class MapFunction(Function, ABC):
+    """One output per element (on a keyed stream it may use keyed state)."""
+
+    @abstractmethod
+    def map(self, value: Any) -> Any: ...
+
+
+class FlatMapFunction(Function, ABC):
+    """Any number of outputs per element."""
+
+    @abstractmethod
+    def flat_map(self, value: Any) -> Iterable[Any] | None: ...
