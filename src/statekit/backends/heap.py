@@ -258,10 +258,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  savepoint: bool = False) -> SnapshotRun:
         start = time.perf_counter()
         tables = list(self.tables.values())
-        if self.asynchronous:
-            views = [(t, t.capture()) for t in tables]
-        else:
-            views = [(t, t.data) for t in tables]
+        views = [(t, t.capture()) for t in tables] if self.asynchronous else [(t, t.data) for t in tables]
         restored = dict(self._restored)
 
         def write() -> dict[str, Any]:

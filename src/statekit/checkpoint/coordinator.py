@@ -163,7 +163,7 @@ class CheckpointCoordinator:
         self._last_end = self.clock()
         # subsumption: older pending checkpoints can never be needed now
         for older in [c for c in self.pending if c < cid]:
-            self._abort(self.pending[older], "subsumed by checkpoint %d" % cid)
+            self._abort(self.pending[older], f"subsumed by checkpoint {cid}")
         self.retained.append(cid)
         while len(self.retained) > self.config.get_num_retained_checkpoints():
             self.access.discard(self.retained.pop(0), self.retained)

@@ -111,7 +111,8 @@ class CheckpointStorageAccess:
         done = {f"chk-{c}/" for c in completed}
         for key in self.store.list():
             match = _CHK.match(key)
-            if (match and f"chk-{match.group(1)}/" not in done and key not in referenced) or (key.startswith(SHARED_PREFIX) and key not in referenced):
+            orphan_chk = match is not None and f"chk-{match.group(1)}/" not in done
+            if (orphan_chk or key.startswith(SHARED_PREFIX)) and key not in referenced:
                 removed.append(key)
         for key in removed:
             self.store.delete(key)

@@ -96,10 +96,7 @@ class StateReader:
             data = blob if offset is None else blob[offset : offset + (length or 0)]
         elif kind == "file":
             path = check_key(str(handle.get("path")))
-            if offset is None:
-                data = self.store.get(path)
-            else:
-                data = self.store.get(path, offset, length)
+            data = self.store.get(path) if offset is None else self.store.get(path, offset, length)
         else:
             raise CorruptCheckpointError(f"unknown state handle type {kind!r}")
         where = handle.get("path", "inline state")
@@ -110,7 +107,9 @@ class StateReader:
                 )
             crc = handle.get("crc")
         elif len(data) != length:
-            raise TruncatedCheckpointError(f"{where}: chunk at {offset} is short ({len(data)} of {length} bytes)")
+            raise TruncatedCheckpointError(
+                f"{where}: chunk at {offset} is short ({len(data)} of {length} bytes)"
+            )
         if crc is not None and zlib.crc32(data) != crc:
             raise ChecksumMismatchError(f"{where}: checksum mismatch")
         return data

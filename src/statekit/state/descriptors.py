@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from statekit.errors import StateError
@@ -252,7 +252,7 @@ class AggregateFunction(ABC):
 # --- descriptors ---------------------------------------------------------------------------------
 
 
-class StateKind(str, Enum):
+class StateKind(StrEnum):
     """How a state stores its value per key; backends implement VALUE, LIST and MAP."""
 
     VALUE = "value"
