@@ -54,7 +54,7 @@ def _pct(xs, q):
     xs = sorted(xs)
     if not xs:
         return float("nan")
-    i = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
+    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
     return xs[i]
 
 
@@ -219,8 +219,16 @@ def measure(
             stats = base / f"stats-{prof.name}{'-loop' if loop else ''}.jsonl"
             if stats.exists():
                 stats.unlink()
-            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", str(d),
-                    "--size-mb", str(size_mb), "--budget", str(budget)]
+            argv = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                str(d),
+                "--size-mb",
+                str(size_mb),
+                "--budget",
+                str(budget),
+            ]
             if not rocksdb:
                 argv.append("--no-rocksdb")
             if loop:
@@ -243,10 +251,14 @@ def measure(
                 lines = [json.loads(x) for x in stats.read_text().splitlines() if x.strip()]
                 res["shim_stats"] = lines
             res["configured"] = {
-                "read_lat_us": prof.read_lat_us, "write_lat_us": prof.write_lat_us,
-                "fsync_lat_us": prof.fsync_lat_us, "seek_us": prof.seek_us,
-                "read_mbps": prof.read_mbps, "write_mbps": prof.write_mbps,
-                "serial": prof.serial, "expected_rand_read_us": prof.random_read_us,
+                "read_lat_us": prof.read_lat_us,
+                "write_lat_us": prof.write_lat_us,
+                "fsync_lat_us": prof.fsync_lat_us,
+                "seek_us": prof.seek_us,
+                "read_mbps": prof.read_mbps,
+                "write_mbps": prof.write_mbps,
+                "serial": prof.serial,
+                "expected_rand_read_us": prof.random_read_us,
             }
             if dev is not None:
                 shutil.rmtree(d, ignore_errors=True)
@@ -265,32 +277,51 @@ class _nullctx:
 
 
 def format_table(results: list[dict]) -> str:
-    hdr = ("profile", "mechanism", "seq write MB/s", "seq read MB/s", "4k rand read p50 us",
-           "fdatasync p50 ms", "rocksdict gets/s")
+    hdr = (
+        "profile",
+        "mechanism",
+        "seq write MB/s",
+        "seq read MB/s",
+        "4k rand read p50 us",
+        "fdatasync p50 ms",
+        "rocksdict gets/s",
+    )
     rows = []
     for r in results:
-        rows.append((
-            r["profile"], r.get("mechanism", ""),
-            f"{r['seq_write_MBps']:.0f}", f"{r['seq_read_MBps']:.0f}",
-            f"{r['rand_read_p50_us']:.0f}", f"{r['fdatasync_p50_ms']:.2f}",
-            f"{r['rocksdb_gets_per_s']:.0f}" if "rocksdb_gets_per_s" in r else "-",
-        ))
+        rows.append(
+            (
+                r["profile"],
+                r.get("mechanism", ""),
+                f"{r['seq_write_MBps']:.0f}",
+                f"{r['seq_read_MBps']:.0f}",
+                f"{r['rand_read_p50_us']:.0f}",
+                f"{r['fdatasync_p50_ms']:.2f}",
+                f"{r['rocksdb_gets_per_s']:.0f}" if "rocksdb_gets_per_s" in r else "-",
+            )
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(hdr)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
     out = [line(hdr), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in rows]
     return "\n".join(out)
 
 
 def format_config_table() -> str:
-    out = ["| profile | read lat us | write lat us | seek us | fsync us | read MB/s | write MB/s | serial |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| profile | read lat us | write lat us | seek us | fsync us | read MB/s | write MB/s | serial |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in _profiles.PROFILES.values():
         if not p.uses_shim:
             out.append(f"| {p.name} | real disk | | | | | | |")
             continue
-        out.append(f"| {p.name} | {p.read_lat_us} | {p.write_lat_us} | {p.seek_us} | {p.fsync_lat_us} | "
-                   f"{p.read_mbps:g} | {p.write_mbps:g} | {p.serial} |")
+        out.append(
+            f"| {p.name} | {p.read_lat_us} | {p.write_lat_us} | {p.seek_us} | {p.fsync_lat_us} | "
+            f"{p.read_mbps:g} | {p.write_mbps:g} | {p.serial} |"
+        )
     return "\n".join(out)
 
 
@@ -303,8 +334,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-rocksdb", action="store_true")
     ap.add_argument("--loop", action="store_true", help="also measure the blkio loop-device variant")
     ap.add_argument("--dir", help="base directory for the probe files (default: a temp dir)")
-    ap.add_argument("--json", default=str(Path(__file__).resolve().parent / "probe_results.json"),
-                    help="write results here ('' = don't)")
+    ap.add_argument(
+        "--json",
+        default=str(Path(__file__).resolve().parent / "probe_results.json"),
+        help="write results here ('' = don't)",
+    )
     a = ap.parse_args(argv)
 
     if a.worker:
@@ -323,14 +357,21 @@ def main(argv=None) -> int:
             print(f"  loop-device variant skipped: {why}", file=sys.stderr)
         else:
             for name in [x for x in a.profiles.split(",") if x and _profiles.get_profile(x).uses_shim]:
-                r = measure(name, a.dir, size_mb=a.size_mb, budget=a.budget,
-                            rocksdb=not a.no_rocksdb, loop=True)
+                r = measure(
+                    name, a.dir, size_mb=a.size_mb, budget=a.budget, rocksdb=not a.no_rocksdb, loop=True
+                )
                 results.append(r)
                 print(f"  {name}+loop: done in {r['wall_s']:.1f} s", file=sys.stderr)
     print(format_table(results))
     if a.json:
-        meta = {"host": os.uname().nodename, "kernel": os.uname().release, "cpus": os.cpu_count(),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "size_mb": a.size_mb, "budget_s": a.budget}
+        meta = {
+            "host": os.uname().nodename,
+            "kernel": os.uname().release,
+            "cpus": os.cpu_count(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "size_mb": a.size_mb,
+            "budget_s": a.budget,
+        }
         Path(a.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
         print(f"\nwrote {a.json}", file=sys.stderr)
     return 0

@@ -27,8 +27,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence, Union
+from typing import Union
 
 HERE = Path(__file__).resolve().parent
 SHIM_SOURCE = HERE / "iodelay.c"
@@ -61,7 +62,7 @@ class Profile:
         xfer = 4096 / (self.read_mbps * 1e6) * 1e6 if self.read_mbps else 0.0
         return self.seek_us + self.read_lat_us + xfer
 
-    def with_overrides(self, **kw) -> "Profile":
+    def with_overrides(self, **kw) -> Profile:
         return dataclasses.replace(self, **kw)
 
 
@@ -91,10 +92,8 @@ SATA_SSD = Profile(
     sources={
         "read_mbps, write_mbps": "Samsung 870 EVO data sheet (2021): sequential "
         "read up to 560 MB/s, sequential write up to 530 MB/s",
-        "read_lat_us": "Samsung 870 EVO data sheet: random read 4KB QD1 up to "
-        "13,000 IOPS -> 77 us per op",
-        "write_lat_us": "Samsung 870 EVO data sheet: random write 4KB QD1 up to "
-        "36,000 IOPS -> 28 us per op",
+        "read_lat_us": "Samsung 870 EVO data sheet: random read 4KB QD1 up to 13,000 IOPS -> 77 us per op",
+        "write_lat_us": "Samsung 870 EVO data sheet: random write 4KB QD1 up to 36,000 IOPS -> 28 us per op",
         "fsync_lat_us": "engineering estimate, no data sheet gives it: a consumer "
         "SATA SSD without power-loss protection must flush its volatile write "
         "cache (ATA FLUSH CACHE) on fdatasync; published fio --fdatasync=1 runs "
@@ -129,7 +128,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (NVME, SATA_SSD, HDD_7200)}
 PROFILE_NAMES: tuple[str, ...] = tuple(PROFILES)
 
 
-def get_profile(profile: Union[str, Profile]) -> Profile:
+def get_profile(profile: str | Profile) -> Profile:
     if isinstance(profile, Profile):
         return profile
     try:
@@ -185,11 +184,8 @@ def build_shim(cache_dir: PathLike | None = None, *, force: bool = False, cc: st
 # environment for a subprocess
 
 
-def _canon_prefixes(prefix: Union[PathLike, Iterable[PathLike]]) -> list[str]:
-    if isinstance(prefix, (str, os.PathLike)):
-        items = [prefix]
-    else:
-        items = list(prefix)
+def _canon_prefixes(prefix: PathLike | Iterable[PathLike]) -> list[str]:
+    items = [prefix] if isinstance(prefix, (str, os.PathLike)) else list(prefix)
     out = []
     for p in items:
         s = os.fspath(p)
@@ -204,8 +200,8 @@ def _canon_prefixes(prefix: Union[PathLike, Iterable[PathLike]]) -> list[str]:
 
 
 def profile_env(
-    profile: Union[str, Profile],
-    prefix: Union[PathLike, Sequence[PathLike]],
+    profile: str | Profile,
+    prefix: PathLike | Sequence[PathLike],
     *,
     stats_path: PathLike | None = None,
     device: str | None = None,
@@ -262,8 +258,8 @@ def profile_env(
 
 
 def subprocess_env(
-    profile: Union[str, Profile],
-    prefix: Union[PathLike, Sequence[PathLike]],
+    profile: str | Profile,
+    prefix: PathLike | Sequence[PathLike],
     base: Mapping[str, str] | None = None,
     **kw,
 ) -> dict[str, str]:
@@ -274,8 +270,8 @@ def subprocess_env(
 
 
 def run_under_profile(
-    profile: Union[str, Profile],
-    prefix: Union[PathLike, Sequence[PathLike]],
+    profile: str | Profile,
+    prefix: PathLike | Sequence[PathLike],
     argv: Sequence[str],
     *,
     stats_path: PathLike | None = None,
@@ -336,7 +332,7 @@ class LoopDevice:
 
 @contextlib.contextmanager
 def loop_device_profile(
-    profile: Union[str, Profile],
+    profile: str | Profile,
     *,
     size_mb: int = 1024,
     image_dir: PathLike = "/var/tmp",

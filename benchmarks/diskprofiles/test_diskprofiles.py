@@ -40,8 +40,7 @@ BUDGET = 0.3
 def results(tmp_path_factory):
     base = tmp_path_factory.mktemp("probe")
     return {
-        name: probe.measure(name, base, size_mb=SIZE_MB, budget=BUDGET)
-        for name in profiles.PROFILE_NAMES
+        name: probe.measure(name, base, size_mb=SIZE_MB, budget=BUDGET) for name in profiles.PROFILE_NAMES
     }
 
 
@@ -113,9 +112,7 @@ def test_shim_covers_python_io(tmp_path):
         name="test", read_lat_us=1, write_lat_us=1, fsync_lat_us=1, read_mbps=0, write_mbps=0
     )
     env = profiles.subprocess_env(fast, inside, stats_path=stats)
-    subprocess.run(
-        [sys.executable, "-c", COVERAGE_SCRIPT, str(inside), str(outside)], env=env, check=True
-    )
+    subprocess.run([sys.executable, "-c", COVERAGE_SCRIPT, str(inside), str(outside)], env=env, check=True)
     (s,) = [json.loads(x) for x in stats.read_text().splitlines()]
     assert s["opens"] == 5  # open(wb), os.open, open(rb), sendfile src, reuse probe
     assert s["write_ops"] == 3 and s["write_bytes"] == 10000 + 100 + 20  # writev overwrites at 0
@@ -169,3 +166,24 @@ def test_loop_device_profile_setup_and_teardown():
         mnt = dev.mountpoint
     assert not cg.exists()
     assert not os.path.ismount(mnt)
+
+
+def test_fsspec_wrapper_lower_bounds(tmp_path):
+    import time
+
+    import fsspec
+    from fsspec_throttle import ThrottledFileSystem
+
+    p = profiles.HDD_7200
+    fs = ThrottledFileSystem(
+        p, path=str(tmp_path), fs=fsspec.filesystem("file", auto_mkdir=True), fsync_on_close=True
+    )
+    data = os.urandom(2 << 20)
+    t = time.perf_counter()
+    fs.pipe_file("chk-1/state.bin", data)
+    dt = time.perf_counter() - t
+    assert dt >= 0.97 * (len(data) / (p.write_mbps * 1e6) + (p.seek_us + p.fsync_lat_us) * 1e-6)
+    t = time.perf_counter()
+    assert fs.cat_file("chk-1/state.bin", 1000, 1100) == data[1000:1100]
+    assert time.perf_counter() - t >= 0.97 * p.seek_us * 1e-6
+    assert fs.cat_file("chk-1/state.bin") == data

@@ -1,0 +1,337 @@
+"""Conformance suites shipped with statekit: subclass them to test a backend or a storage plugin.
+
+``BackendConformance`` needs a ``state_backend`` fixture returning a :class:`StateBackend`; each
+case runs against every storage from the ``checkpoint_storage`` fixture (JobManager, local
+files, fsspec memory — override it to add more).  ``StorageConformance`` needs a
+``checkpoint_storage`` fixture.  Both use only public interfaces, like zarr's ``StoreTests``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from statekit.backends.base import StateBackend
+from statekit.checkpoint.metadata import encode_metadata
+from statekit.checkpoint.storage import (
+    CheckpointStorage,
+    FileSystemCheckpointStorage,
+    JobManagerCheckpointStorage,
+)
+from statekit.errors import (
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    NoKeyContextError,
+    StateError,
+    StateNameClashError,
+    StateTypeError,
+    TruncatedCheckpointError,
+    UnsafePathError,
+    UnsupportedFormatVersionError,
+)
+from statekit.serde.types import Types
+from statekit.state.descriptors import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    Time,
+    ValueStateDescriptor,
+)
+from statekit.testing.cluster import KeyedCluster
+
+STORAGE_KINDS = ("jobmanager", "filesystem", "memory-fs")
+
+
+def make_storage(kind: str, tmp_path: Any) -> CheckpointStorage:
+    """A fresh storage of one of :data:`STORAGE_KINDS`."""
+    if kind == "jobmanager":
+        return JobManagerCheckpointStorage()
+    if kind == "filesystem":
+        return FileSystemCheckpointStorage(str(tmp_path / "checkpoints"), file_state_size_threshold=64)
+    return FileSystemCheckpointStorage(f"memory://statekit-{uuid.uuid4().hex}")
+
+
+class _Avg(AggregateFunction):
+    def create_accumulator(self) -> list[int]:
+        return [0, 0]
+
+    def add(self, value: int, accumulator: list[int]) -> list[int]:
+        return [accumulator[0] + value, accumulator[1] + 1]
+
+    def get_result(self, accumulator: list[int]) -> float:
+        return accumulator[0] / accumulator[1]
+
+
+class ManualClock:
+    """A settable millisecond clock for TTL tests."""
+
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+VALUE = ValueStateDescriptor("v", Types.LONG())
+LIST = ListStateDescriptor("l", Types.STRING())
+MAP = MapStateDescriptor("m", Types.STRING(), Types.LIST(Types.INT()))
+REDUCE = ReducingStateDescriptor("r", lambda a, b: a + b, Types.LONG())
+AGG = AggregatingStateDescriptor("a", _Avg(), Types.LIST(Types.LONG()))
+
+
+class BackendConformance:
+    """The behaviour every keyed state backend must have, over every storage."""
+
+    @pytest.fixture(params=STORAGE_KINDS)
+    def checkpoint_storage(self, request: Any, tmp_path: Any) -> CheckpointStorage:
+        return make_storage(request.param, tmp_path)
+
+    @pytest.fixture
+    def cluster(self, state_backend: StateBackend, checkpoint_storage: CheckpointStorage
+                ) -> Iterator[KeyedCluster]:
+        cluster = KeyedCluster(state_backend, checkpoint_storage, parallelism=2)
+        yield cluster
+        cluster.close()
+
+    # --- semantics -------------------------------------------------------------------------------
+
+    def test_value_state(self, cluster: KeyedCluster) -> None:
+        s = cluster.state("a", VALUE)
+        assert s.value() is None
+        s.update(5)
+        assert cluster.state("a", VALUE).value() == 5
+        assert cluster.state("b", VALUE).value() is None
+        cluster.state("a", VALUE).update(None)
+        assert cluster.state("a", VALUE).value() is None
+
+    def test_list_state(self, cluster: KeyedCluster) -> None:
+        s = cluster.state("k", LIST)
+        assert list(s.get()) == []
+        s.add("x")
+        s.add_all(["y", "z"])
+        assert list(cluster.state("k", LIST).get()) == ["x", "y", "z"]
+        cluster.state("k", LIST).update(["q"])
+        assert list(cluster.state("k", LIST)) == ["q"]
+        with pytest.raises(StateError, match="'l'"):
+            cluster.state("k", LIST).add(None)
+        cluster.state("k", LIST).clear()
+        assert list(cluster.state("k", LIST).get()) == []
+
+    def test_map_state(self, cluster: KeyedCluster) -> None:
+        s = cluster.state("k", MAP)
+        assert s.is_empty()
+        s.put("a", [1])
+        s.put_all({"b": [2], "c": [3]})
+        assert s.get("a") == [1] and s.contains("b") and not s.contains("zz")
+        s.remove("b")
+        assert sorted(s.keys()) == ["a", "c"]
+        assert sorted(s.values()) == [[1], [3]]
+        assert dict(s.items()) == {"a": [1], "c": [3]}
+        assert s["c"] == [3] and "a" in s
+        assert cluster.state("other", MAP).is_empty()
+        s.clear()
+        assert cluster.state("k", MAP).is_empty()
+
+    def test_reducing_and_aggregating_state(self, cluster: KeyedCluster) -> None:
+        for n in (1, 2, 3):
+            cluster.state("k", REDUCE).add(n)
+            cluster.state("k", AGG).add(n)
+        assert cluster.state("k", REDUCE).get() == 6
+        assert cluster.state("k", AGG).get() == 2.0
+        assert cluster.state("other", AGG).get() is None
+
+    def test_typed_errors(self, cluster: KeyedCluster) -> None:
+        with pytest.raises(StateTypeError, match="'v'"):
+            cluster.state("k", VALUE).update("not a long")
+        with pytest.raises(StateTypeError, match="'m'"):
+            cluster.state("k", MAP).put("a", ["x"])
+        with pytest.raises(StateNameClashError, match="'v'"):
+            cluster.state("k", ListStateDescriptor("v", Types.LONG()))
+        backend = cluster.partitions[0]
+        state = backend.get_partitioned_state(ValueStateDescriptor("fresh", Types.LONG()))
+        fresh = cluster.backend_factory.create_keyed_state_backend(
+            key_serializer=cluster.key_serializer, key_group_range=backend.key_group_range,
+            max_parallelism=cluster.max_parallelism)
+        try:
+            with pytest.raises(NoKeyContextError, match="'fresh'"):
+                fresh.get_partitioned_state(ValueStateDescriptor("fresh", Types.LONG())).value()
+        finally:
+            fresh.dispose()
+        assert state is backend.get_partitioned_state(ValueStateDescriptor("fresh", Types.LONG()))
+
+    def test_ttl_expiry(self, state_backend: StateBackend, checkpoint_storage: CheckpointStorage
+                        ) -> None:
+        clock = ManualClock()
+        cluster = KeyedCluster(state_backend, checkpoint_storage, 1, clock=clock)
+        ttl = StateTtlConfig.new_builder(Time.seconds(10)).cleanup_full_snapshot().build()
+        v = ValueStateDescriptor("ttl_v", Types.LONG())
+        v.enable_time_to_live(ttl)
+        m = MapStateDescriptor("ttl_m", Types.STRING(), Types.LONG())
+        m.enable_time_to_live(ttl)
+        lst = ListStateDescriptor("ttl_l", Types.LONG())
+        lst.enable_time_to_live(ttl)
+        try:
+            cluster.state("k", v).update(1)
+            cluster.state("k", m).put("old", 1)
+            cluster.state("k", lst).add(1)
+            clock.now += 6_000
+            cluster.state("k", m).put("new", 2)
+            cluster.state("k", lst).add(2)
+            clock.now += 6_000
+            assert cluster.state("k", v).value() is None
+            assert dict(cluster.state("k", m).items()) == {"new": 2}
+            assert list(cluster.state("k", lst).get()) == [2]
+            cluster.state("k2", v).update(7)
+            clock.now += 11_000
+            cluster.checkpoint()  # full-snapshot cleanup drops k2's expired value
+            clock.now -= 11_000
+            cluster.restore()
+            assert cluster.state("k2", v).value() is None
+        finally:
+            cluster.close()
+
+    # --- snapshots -------------------------------------------------------------------------------
+
+    def _fill(self, cluster: KeyedCluster, n: int) -> dict[str, Any]:
+        expected = {}
+        for i in range(n):
+            key = f"key-{i}"
+            cluster.state(key, VALUE).update(i)
+            cluster.state(key, LIST).add_all([str(i), "x"])
+            cluster.state(key, MAP).put("m", [i])
+            expected[key] = (i, [str(i), "x"], {"m": [i]})
+        return expected
+
+    def _read(self, cluster: KeyedCluster, keys: Any) -> dict[str, Any]:
+        return {k: (cluster.state(k, VALUE).value(), list(cluster.state(k, LIST).get()),
+                    dict(cluster.state(k, MAP).items())) for k in keys}
+
+    def test_checkpoint_restore_roundtrip(self, cluster: KeyedCluster) -> None:
+        expected = self._fill(cluster, 60)
+        cid = cluster.checkpoint()
+        cluster.state("key-1", VALUE).update(999)  # after the checkpoint: must be gone
+        cluster.state("late", VALUE).update(1)
+        cluster.restore(cid)
+        assert self._read(cluster, expected) == expected
+        assert cluster.state("late", VALUE).value() is None
+
+    def test_rescale_4_2_3(self, state_backend: StateBackend,
+                           checkpoint_storage: CheckpointStorage) -> None:
+        cluster = KeyedCluster(state_backend, checkpoint_storage, parallelism=4)
+        try:
+            expected = self._fill(cluster, 80)
+            for parallelism in (2, 3, 1):
+                cluster.checkpoint()
+                cluster.restore(parallelism=parallelism)
+                assert cluster.parallelism == parallelism
+                assert self._read(cluster, expected) == expected
+        finally:
+            cluster.close()
+
+    def test_snapshot_isolated_from_later_writes(self, cluster: KeyedCluster) -> None:
+        expected = self._fill(cluster, 20)
+        cid = cluster.next_checkpoint
+        cluster.next_checkpoint += 1
+        runs = {f"p{i}": b.snapshot(cid, cluster.access.streams(cid, f"p{i}"))
+                for i, b in enumerate(cluster.partitions)}
+        for key in expected:  # mutate in place and overwrite between the two phases
+            cluster.state(key, LIST).add("later")
+            cluster.state(key, MAP).put("m", [-1])
+            cluster.state(key, VALUE).update(-1)
+        handles = {n: r.run() for n, r in runs.items()}
+        cluster.access.commit(cid, {"tasks": handles})
+        cluster.completed.append(cid)
+        cluster.restore(cid)
+        assert self._read(cluster, expected) == expected
+
+
+class StorageConformance:
+    """The behaviour every checkpoint storage must have (commit, list, discard, integrity)."""
+
+    @pytest.fixture
+    def access(self, checkpoint_storage: CheckpointStorage) -> Any:
+        access = checkpoint_storage.create_access(uuid.uuid4().hex)
+        yield access
+        access.delete_all()
+
+    def _commit(self, access: Any, cid: int, payload: bytes) -> dict[str, Any]:
+        streams = access.streams(cid, "task")
+        handle = streams.write(payload, state_name="s")
+        access.commit(cid, {"tasks": {"task": {"data": handle}}})
+        return handle
+
+    def test_commit_list_load(self, access: Any) -> None:
+        assert access.completed() == []
+        self._commit(access, 1, b"a" * 10)
+        self._commit(access, 2, b"b" * 50_000)
+        assert access.completed() == [1, 2]
+        meta = access.load(2)
+        assert access.reader().read(meta["tasks"]["task"]["data"]) == b"b" * 50_000
+
+    def test_uncommitted_checkpoint_is_invisible(self, access: Any) -> None:
+        access.streams(7, "task").write(b"x" * 100_000, state_name="s")
+        assert access.completed() == []
+
+    def test_discard_and_abort_remove_files(self, access: Any) -> None:
+        self._commit(access, 1, b"x" * 100_000)
+        self._commit(access, 2, b"y" * 100_000)
+        access.discard(1, [2])
+        assert access.completed() == [2]
+        streams = access.streams(3, "task")
+        streams.write(b"z" * 100_000, state_name="s")
+        access.abort(3, streams.written, [2])
+        assert all(not k.startswith("chk-1/") and not k.startswith("chk-3/")
+                   for k in access.store.list())
+
+    def test_shared_files_survive_while_referenced(self, access: Any) -> None:
+        shared = access.streams(1, "task").write(b"s" * 100_000, state_name="s", shared_name="sst1")
+        access.commit(1, {"tasks": {"task": {"data": shared}}})
+        access.commit(2, {"tasks": {"task": {"data": shared}}})
+        access.discard(1, [2])
+        assert access.reader().read(shared) == b"s" * 100_000
+        access.discard(2, [])
+        assert not access.store.exists(shared["path"])
+
+    def test_damaged_metadata_is_typed(self, access: Any) -> None:
+        self._commit(access, 1, b"ok")
+        key = "chk-1/_metadata"
+        good = access.store.get(key)
+        for damaged, error in [
+            (good[:-3], TruncatedCheckpointError),
+            (good[:20] + bytes([good[20] ^ 0xFF]) + good[21:], ChecksumMismatchError),
+            (good[:8] + b"\x00\x09" + good[10:], UnsupportedFormatVersionError),
+            (b"garbage" * 10, CorruptCheckpointError),
+        ]:
+            access.store.put(key, damaged)
+            with pytest.raises(error):
+                access.load(1)
+
+    def test_damaged_state_is_typed(self, access: Any) -> None:
+        handle = self._commit(access, 1, b"p" * 100_000)
+        reader = access.reader()
+        if handle["type"] == "file":
+            access.store.put(handle["path"], b"p" * 99_999)
+            with pytest.raises(TruncatedCheckpointError):
+                reader.read(handle)
+            access.store.put(handle["path"], b"q" * 100_000)
+            with pytest.raises(ChecksumMismatchError):
+                reader.read(handle)
+        with pytest.raises(ChecksumMismatchError):
+            reader.read({**handle, "crc": handle["crc"] ^ 1} if handle["type"] == "inline"
+                        else handle)
+
+    def test_paths_escaping_the_job_directory_are_rejected(self, access: Any) -> None:
+        reader = access.reader()
+        for path in ("../other-job/chk-1/x", "/etc/passwd", "shared/../../x", "s3://b/x"):
+            with pytest.raises(UnsafePathError):
+                reader.read({"type": "file", "path": path, "size": 1, "crc": 0})
+        access.store.put("chk-9/_metadata", encode_metadata(
+            {"tasks": {"t": {"data": {"type": "file", "path": "../../x", "size": 1, "crc": 0}}}}))
+        with pytest.raises(UnsafePathError):
+            reader.read(access.load(9)["tasks"]["t"]["data"])

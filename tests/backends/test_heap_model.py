@@ -1,0 +1,14 @@
+"""Hypothesis: the heap backend against a dict model, over both storages."""
+
+import tempfile
+
+from statekit.backends.heap import HashMapStateBackend
+from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.testing.stateful import model_test
+
+TestHeapJobManager = model_test(HashMapStateBackend, JobManagerCheckpointStorage)
+TestHeapFilesystem = model_test(
+    lambda: HashMapStateBackend(using_asynchronous_snapshots=False),
+    lambda: FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-model-"),
+                                        file_state_size_threshold=128),
+)
