@@ -123,6 +123,7 @@ def worker(d: Path, size_mb: int, budget: float, do_rocksdb: bool) -> dict:
     res["rand_read_p50_us"] = _pct(lat, 0.5) * 1e6
     res["rand_read_p99_us"] = _pct(lat, 0.99) * 1e6
     res["rand_read_mean_us"] = statistics.fmean(lat) * 1e6
+    res["rand_read_min_us"] = min(lat) * 1e6
 
     # -- fdatasync latency (append 4 KiB, then time only the fdatasync)
     fd = os.open(str(d / "syncfile"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -138,6 +139,7 @@ def worker(d: Path, size_mb: int, budget: float, do_rocksdb: bool) -> dict:
     os.close(fd)
     res["fdatasync_ops"] = len(lat)
     res["fdatasync_p50_ms"] = _pct(lat, 0.5) * 1e3
+    res["fdatasync_min_ms"] = min(lat) * 1e3
     os.unlink(path)
     os.unlink(str(d / "syncfile"))
 

@@ -151,9 +151,10 @@ def test_sata_ssd_lower_bounds(results):
 def test_nvme_is_unshimmed_and_faster(results):
     n, s, h = results["nvme"], results["sata-ssd"], results["hdd-7200"]
     assert "shim_stats" not in n
-    assert n["fdatasync_p50_ms"] < s["fdatasync_p50_ms"] < h["fdatasync_p50_ms"]
-    assert n["rand_read_p50_us"] < h["rand_read_p50_us"]
-    assert s["rand_read_p50_us"] < h["rand_read_p50_us"]
+    # Best-case latencies: the shimmed minimum is bounded below by the model,
+    # the real disk's minimum over many samples is robust to CPU contention.
+    assert n["fdatasync_min_ms"] < s["fdatasync_min_ms"] < h["fdatasync_min_ms"]
+    assert n["rand_read_min_us"] < s["rand_read_min_us"] < h["rand_read_min_us"]
 
 
 @pytest.mark.skipif(not profiles.loop_device_supported()[0], reason="no root / cgroup-v1 blkio")

@@ -301,8 +301,12 @@ def group_entries(
     return data
 
 
-def write_kv_state(streams: CheckpointStreams, name: str, data: KvStateData) -> dict[str, Any]:
-    """Write one state's chunks as one blob with a per-key-group index of offset, length, crc."""
+def write_kv_state(streams: CheckpointStreams, name: str, data: KvStateData, *,
+                   shared_name: str | None = None) -> dict[str, Any]:
+    """Write one state's chunks as one blob with a per-key-group index of offset, length, crc.
+
+    ``shared_name`` writes the blob as a shared file that later checkpoints may reference.
+    """
     import zlib
 
     parts: list[bytes] = []
@@ -313,8 +317,24 @@ def write_kv_state(streams: CheckpointStreams, name: str, data: KvStateData) -> 
         index[kg] = [offset, len(chunk), zlib.crc32(chunk)]
         parts.append(chunk)
         offset += len(chunk)
-    handle = streams.write(b"".join(parts), state_name=name)
+    handle = streams.write(b"".join(parts), state_name=name, shared_name=shared_name)
     return {"layout": data.meta_layout, "kind": data.kind, "data": handle, "index": index}
+
+
+def read_kv_entry(
+    name: str, entry: dict[str, Any], reader: StateReader, key_group_range: KeyGroupRange
+) -> Iterator[tuple[int, list[Any]]]:
+    """Yield ``(key group, unpacked chunk)`` for one indexed state entry, inside the range only."""
+    wanted = [(int(kg), loc) for kg, loc in entry["index"].items() if int(kg) in key_group_range]
+    for kg, (offset, length, crc) in sorted(wanted):
+        chunk = reader.read(entry["data"], offset, length, crc)
+        try:
+            parts = unpackb(chunk)
+        except (ValueError, TypeError) as exc:
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk") from exc
+        if not isinstance(parts, list):
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+        yield kg, parts
 
 
 def read_kv_states(
@@ -327,14 +347,10 @@ def read_kv_states(
                 f"expected a {KV_FORMAT} snapshot, got format {handle.get('format')!r}"
             )
         for name, entry in handle["states"].items():
-            wanted = [
-                (int(kg), loc) for kg, loc in entry["index"].items() if int(kg) in key_group_range
-            ]
-            for kg, (offset, length, crc) in sorted(wanted):
-                chunk = reader.read(entry["data"], offset, length, crc)
+            for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
                 try:
-                    keys, values = unpackb(chunk)
-                except (ValueError, TypeError) as exc:
+                    keys, values = parts
+                except ValueError as exc:
                     raise CorruptCheckpointError(
                         f"state '{name}' key group {kg}: malformed chunk"
                     ) from exc

@@ -2,7 +2,14 @@
 
 Snapshots are copy-on-write: the synchronous part copies each table's dict (references only);
 afterwards any in-place change or hand-out of a value a pending snapshot still shares copies that
-value first, so the snapshot sees exactly the state at capture time.
+value first, so the snapshot sees exactly the state at capture time.  The synchronous part is a
+C-level dict copy per table (references only, no serialization); serialization and upload run on
+the transfer threads in paced slices so the processing thread keeps most of the GIL.
+
+Incremental mode (``HashMapStateBackend(incremental=True)``) tracks the keys written since the last
+confirmed checkpoint and writes only a changelog of them (puts with full values, removes), grouped by
+key group, as a shared file; every ``materialization_interval`` checkpoints (or when the log grows
+past ``max_log_ratio`` of the base) it writes a full base instead, so recovery replays a bounded log.
 """
 
 from __future__ import annotations
@@ -20,28 +27,43 @@ from statekit.backends.base import (
     StateMeta,
     group_entries,
     kv_handle,
+    read_kv_entry,
     read_kv_states,
     write_kv_state,
 )
 from statekit.checkpoint.streams import CheckpointStreams, StateReader
-from statekit.errors import StateError
-from statekit.serde.keygroups import KeyGroupRange
-from statekit.serde.types import TypeSerializer
+from statekit.errors import ConfigError, CorruptCheckpointError, StateError
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
+from statekit.serde.types import TypeSerializer, packb
 from statekit.state.api import ListState, MapState, State, ValueState, check_value
+
+#: Format tag of incremental heap checkpoints: a base plus ordered changelogs, both key-grouped.
+HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
 
 
 class HeapTable:
     """One state's key → stored value dict, plus copy-on-write bookkeeping for pending snapshots."""
 
-    __slots__ = ("copy", "cow", "data", "fresh", "meta", "pending")
+    __slots__ = ("copy", "cow", "data", "dirty", "fresh", "meta", "pending")
 
-    def __init__(self, meta: StateMeta) -> None:
+    def __init__(self, meta: StateMeta, track_dirty: bool = False) -> None:
         self.meta = meta
         self.data: dict[Any, Any] = {}
         self.copy: Callable[[Any], Any] = meta.stored_serializer.copy
         self.cow = False  # a pending snapshot shares this table's values
         self.pending = 0
         self.fresh: set[Any] = set()  # keys whose values were copied since the last capture
+        # keys written (or whose mutable value was handed out) since the last capture; None when
+        # the backend is not incremental
+        self.dirty: set[Any] | None = set() if track_dirty else None
+
+    def take_dirty(self) -> set[Any]:
+        """The dirty keys since the last call, resetting the set (incremental snapshots)."""
+        dirty = self.dirty
+        if dirty is None:
+            return set()
+        self.dirty = set()
+        return dirty
 
     def own(self, key: Any, value: Any) -> Any:
         """``value`` made private to the live table (copied once if a snapshot shares it)."""
@@ -86,7 +108,11 @@ class _HeapState:
         return key
 
     def clear(self) -> None:
-        self._t.data.pop(self._key(), None)
+        key = self._key()
+        table = self._t
+        if table.dirty is not None:
+            table.dirty.add(key)
+        table.data.pop(key, None)
 
 
 class HeapValueState(_HeapState, ValueState):
@@ -98,17 +124,23 @@ class HeapValueState(_HeapState, ValueState):
             raise self._b.no_key(self._name)
         table = self._t
         value = table.data.get(key)
-        if table.cow and value is not None:
-            value = table.own(key, value)
+        if value is not None and not table.meta.stored_serializer.immutable:
+            if table.cow:
+                value = table.own(key, value)
+            if table.dirty is not None:  # a mutable value handed out may be changed in place
+                table.dirty.add(key)
         return value
 
     def update(self, value: Any) -> None:
         key = self._key()
+        table = self._t
+        if table.dirty is not None:
+            table.dirty.add(key)
         if value is None:
-            self._t.data.pop(key, None)
+            table.data.pop(key, None)
             return
         check_value(self._check, value, self._name)
-        self._t.data[key] = value
+        table.data[key] = value
 
 
 class HeapListState(_HeapState, ListState):
@@ -116,6 +148,8 @@ class HeapListState(_HeapState, ListState):
 
     def _live(self, key: Any) -> list[Any] | None:
         table = self._t
+        if table.dirty is not None:
+            table.dirty.add(key)
         lst = table.data.get(key)
         if lst is not None and table.cow:
             lst = table.own(key, lst)
@@ -157,6 +191,8 @@ class HeapListState(_HeapState, ListState):
             if v is None:
                 raise StateError("cannot add None to a list state", self._name)
             check_value(self._check, v, self._name)
+        if self._t.dirty is not None:
+            self._t.dirty.add(key)
         if values:
             self._t.data[key] = values
         else:
@@ -173,6 +209,8 @@ class HeapMapState(_HeapState, MapState):
 
     def _live(self, key: Any) -> dict[Any, Any] | None:
         table = self._t
+        if table.dirty is not None:
+            table.dirty.add(key)
         m = table.data.get(key)
         if m is not None and table.cow:
             m = table.own(key, m)
@@ -225,6 +263,105 @@ class HeapMapState(_HeapState, MapState):
         return not self._t.data.get(self._key())
 
 
+class _Pacer:
+    """Keeps a background writer from starving the processing thread of the GIL.
+
+    After every slice of work the writer sleeps ``ratio`` times as long as the slice took, so it
+    holds the GIL for at most ``1 / (1 + ratio)`` of wall time.  ``ratio=0`` disables pacing.
+    """
+
+    __slots__ = ("_mark", "ratio")
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        self._mark = time.perf_counter()
+
+    def __call__(self) -> None:
+        if self.ratio <= 0:
+            return
+        now = time.perf_counter()
+        time.sleep((now - self._mark) * self.ratio)
+        self._mark = time.perf_counter()
+
+
+_SLICE = 2048  # entries serialized between two pacing pauses
+
+
+def _group_view(view: dict[Any, Any], meta: StateMeta, max_parallelism: int,
+                pace: Callable[[], None] | None) -> KvStateData:
+    """``group_entries`` over a frozen view, pausing every slice when ``pace`` is given."""
+    if pace is None:
+        return group_entries(view.items(), meta, max_parallelism)
+    data = KvStateData(meta.layout, meta.kind)
+    key_ser = meta.key_serializer.serialize
+    val_ser = meta.stored_serializer.serialize
+    drop = meta.ttl.drop_expired if meta.ttl is not None and meta.ttl.cleanup_full_snapshot else None
+    now = meta.ttl.clock() if drop is not None else 0  # type: ignore[union-attr]
+    chunks = data.chunks
+    for n, (key, stored) in enumerate(view.items(), 1):
+        if n % _SLICE == 0:
+            pace()
+        if drop is not None:
+            stored = drop(meta.kind, stored, now)
+            if stored is None:
+                continue
+        kb = key_ser(key)
+        kg = key_group_for_bytes(kb, max_parallelism)
+        chunk = chunks.get(kg)
+        if chunk is None:
+            chunks[kg] = ([kb], [val_ser(stored)])
+        else:
+            chunk[0].append(kb)
+            chunk[1].append(val_ser(stored))
+    return data
+
+
+def _write_changelog(streams: CheckpointStreams, meta: StateMeta, view: dict[Any, Any],
+                     keys: Iterable[Any], max_parallelism: int,
+                     pace: Callable[[], None] | None) -> dict[str, Any] | None:
+    """One state's changes as a key-grouped, indexed shared file: per key group ``[puts' keys,
+    puts' values, removed keys]``.  None when nothing changed."""
+    import zlib
+
+    key_ser = meta.key_serializer.serialize
+    val_ser = meta.stored_serializer.serialize
+    drop = meta.ttl.drop_expired if meta.ttl is not None and meta.ttl.cleanup_full_snapshot else None
+    now = meta.ttl.clock() if drop is not None else 0  # type: ignore[union-attr]
+    chunks: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {}
+    for n, key in enumerate(keys, 1):
+        if pace is not None and n % _SLICE == 0:
+            pace()
+        kb = key_ser(key)
+        kg = key_group_for_bytes(kb, max_parallelism)
+        chunk = chunks.get(kg)
+        if chunk is None:
+            chunk = chunks[kg] = ([], [], [])
+        stored = view.get(key)
+        if stored is not None and drop is not None:
+            stored = drop(meta.kind, stored, now)
+        if stored is None:
+            chunk[2].append(kb)
+        else:
+            chunk[0].append(kb)
+            chunk[1].append(val_ser(stored))
+    if not chunks:
+        return None
+    parts: list[bytes] = []
+    index: dict[int, list[int]] = {}
+    offset = 0
+    for kg in sorted(chunks):
+        blob = packb(list(chunks[kg]))
+        index[kg] = [offset, len(blob), zlib.crc32(blob)]
+        parts.append(blob)
+        offset += len(blob)
+    handle = streams.write(b"".join(parts), state_name=meta.name, shared_name=f"{meta.name}-log")
+    return {"layout": meta.layout, "kind": meta.kind, "data": handle, "index": index}
+
+
+def _entry_size(entry: dict[str, Any]) -> int:
+    return int(entry["data"].get("size", 0))
+
+
 class HeapKeyedStateBackend(KeyedStateBackend):
     """Working state of one partition as Python objects."""
 
@@ -232,15 +369,25 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def __init__(self, key_serializer: TypeSerializer, key_group_range: KeyGroupRange,
                  max_parallelism: int, clock: Callable[[], int] | None = None,
-                 using_asynchronous_snapshots: bool = True) -> None:
+                 using_asynchronous_snapshots: bool = True, *, incremental: bool = False,
+                 materialization_interval: int = 10, max_log_ratio: float = 0.5,
+                 pace_ratio: float = 1.0) -> None:
         super().__init__(key_serializer, key_group_range, max_parallelism, clock,
                          using_asynchronous_snapshots)
         self.tables: dict[str, HeapTable] = {}
         # restored, still serialized chunks of states not registered yet
         self._restored: dict[str, KvStateData] = {}
+        self.incremental = incremental
+        self.materialization_interval = materialization_interval
+        self.max_log_ratio = max_log_ratio
+        self.pace_ratio = pace_ratio
+        # the handle of the last confirmed (complete) incremental checkpoint: a valid base
+        self._confirmed: dict[str, Any] | None = None
+        # in-flight incremental attempts: dirty keys each captured, and its handle once written
+        self._attempts: dict[int, dict[str, Any]] = {}
 
     def _create_state(self, meta: StateMeta) -> State:
-        table = HeapTable(meta)
+        table = HeapTable(meta, track_dirty=self.incremental)
         self.tables[meta.name] = table
         stored = meta.stored_serializer
         restored = self._restored.pop(meta.name, None)
@@ -254,63 +401,277 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             return HeapListState(self, table, stored.element)  # type: ignore[attr-defined]
         return HeapMapState(self, table, stored.value, stored.key)  # type: ignore[attr-defined]
 
+    # --- snapshots ---------------------------------------------------------------------------------
+
+    def _must_materialize(self) -> bool:
+        base = self._confirmed
+        if base is None:
+            return True
+        if len(base["logs"]) >= self.materialization_interval:
+            return True
+        return base["log_bytes"] > self.max_log_ratio * max(1, base["base_bytes"])
+
     def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, *,
                  savepoint: bool = False) -> SnapshotRun:
         start = time.perf_counter()
+        asynchronous = self.asynchronous
         tables = list(self.tables.values())
-        views = [(t, t.capture()) for t in tables] if self.asynchronous else [(t, t.data) for t in tables]
+        views = [(t, t.capture()) for t in tables] if asynchronous else [(t, t.data) for t in tables]
         restored = dict(self._restored)
+        incremental = self.incremental and not savepoint
+        materialize = True
+        changed: dict[str, set[Any]] = {}
+        base = self._confirmed
+        if incremental:
+            materialize = self._must_materialize()
+            own = {t.meta.name: t.take_dirty() for t in tables}
+            if not materialize:
+                for table in tables:  # changes since the confirmed base, in-flight ones included
+                    keys = set(own[table.meta.name])
+                    for attempt in self._attempts.values():
+                        keys |= attempt["dirty"].get(table.meta.name, set())
+                    changed[table.meta.name] = keys
+            self._attempts[checkpoint_id] = {"dirty": own, "handle": None}
+        pace = _Pacer(self.pace_ratio) if asynchronous and self.pace_ratio > 0 else None
+
+        def write_full() -> dict[str, Any]:
+            states: dict[str, Any] = {}
+            for table, view in views:
+                data = _group_view(view, table.meta, self.max_parallelism, pace)
+                states[table.meta.name] = write_kv_state(streams, table.meta.name, data)
+            for name, data in restored.items():  # restored but not registered: carry over
+                states[name] = write_kv_state(streams, name, data)
+            return kv_handle(self, states)
+
+        def write_incremental() -> dict[str, Any]:
+            if materialize:
+                states: dict[str, Any] = {}
+                for table, view in views:
+                    data = _group_view(view, table.meta, self.max_parallelism, pace)
+                    states[table.meta.name] = write_kv_state(
+                        streams, table.meta.name, data, shared_name=f"{table.meta.name}-base")
+                for name, data in restored.items():
+                    states[name] = write_kv_state(streams, name, data, shared_name=f"{name}-base")
+                logs: list[dict[str, Any]] = []
+                base_bytes = sum(_entry_size(e) for e in states.values())
+                log_bytes = 0
+            else:
+                assert base is not None
+                log: dict[str, Any] = {}
+                for table, view in views:
+                    entry = _write_changelog(streams, table.meta, view, changed[table.meta.name],
+                                             self.max_parallelism, pace)
+                    if entry is not None:
+                        log[table.meta.name] = entry
+                states = base["base"]
+                logs = [*base["logs"], log] if log else list(base["logs"])
+                base_bytes = base["base_bytes"]
+                log_bytes = base["log_bytes"] + sum(_entry_size(e) for e in log.values())
+            handle = {
+                "format": HEAP_CHANGELOG_FORMAT,
+                "backend": self.backend_name,
+                "key_group_range": self.key_group_range.to_list(),
+                "incremental": not materialize,
+                "base": states,
+                "logs": logs,
+                "base_bytes": base_bytes,
+                "log_bytes": log_bytes,
+            }
+            attempt = self._attempts.get(checkpoint_id)
+            if attempt is not None:
+                attempt["handle"] = handle
+            return handle
 
         def write() -> dict[str, Any]:
             try:
-                states: dict[str, Any] = {}
-                for table, view in views:
-                    data = group_entries(view.items(), table.meta, self.max_parallelism)
-                    states[table.meta.name] = write_kv_state(streams, table.meta.name, data)
-                for name, data in restored.items():  # restored but not registered: carry over
-                    states[name] = write_kv_state(streams, name, data)
-                return kv_handle(self, states)
+                return write_incremental() if incremental else write_full()
             finally:
                 release()
 
+        released = False
+
         def release() -> None:
-            if self.asynchronous:
+            nonlocal released
+            if asynchronous and not released:
+                released = True
                 for table, _ in views:
                     table.release()
 
-        if not self.asynchronous:
+        if not asynchronous:
             handle = write()
             return SnapshotRun(lambda: handle, time.perf_counter() - start)
         return SnapshotRun(write, time.perf_counter() - start, cancel=release)
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """The checkpoint is durable: its handle becomes the base of later incremental ones."""
+        attempt = self._attempts.get(checkpoint_id)
+        if attempt is None or attempt["handle"] is None:
+            return
+        self._confirmed = attempt["handle"]
+        for cid in [c for c in self._attempts if c <= checkpoint_id]:
+            del self._attempts[cid]  # their changes are part of the confirmed checkpoint
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """The attempt will never complete: fold its dirty keys back so no change is lost."""
+        attempt = self._attempts.pop(checkpoint_id, None)
+        if attempt is None:
+            return
+        for name, keys in attempt["dirty"].items():
+            table = self.tables.get(name)
+            if table is not None and table.dirty is not None:
+                table.dirty |= keys
+
+    # --- restore -----------------------------------------------------------------------------------
+
     def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
-        for name, entry, kg, keys, values in read_kv_states(handles, reader, self.key_group_range):
-            if name in self.tables:
-                raise StateError("restore must happen before the state is registered", name)
-            self._restored_layouts[name] = entry["layout"]
-            data = self._restored.get(name)
-            if data is None:
-                data = self._restored[name] = KvStateData(entry["layout"], entry["kind"])
-            for kb, vb in zip(keys, values, strict=True):
-                data.add(kg, kb, vb)
+        kv = [h for h in handles if h.get("format") != HEAP_CHANGELOG_FORMAT]
+        for name, entry, kg, keys, values in read_kv_states(kv, reader, self.key_group_range):
+            self._restored_data(name, entry).chunks.setdefault(kg, ([], []))
+            chunk = self._restored[name].chunks[kg]
+            chunk[0].extend(keys)
+            chunk[1].extend(values)
+        for handle in handles:
+            if handle.get("format") == HEAP_CHANGELOG_FORMAT:
+                self._restore_changelog(handle, reader)
+
+    def _restored_data(self, name: str, entry: dict[str, Any]) -> KvStateData:
+        if name in self.tables:
+            raise StateError("restore must happen before the state is registered", name)
+        self._restored_layouts[name] = entry["layout"]
+        data = self._restored.get(name)
+        if data is None:
+            data = self._restored[name] = KvStateData(entry["layout"], entry["kind"])
+        return data
+
+    def _restore_changelog(self, handle: dict[str, Any], reader: StateReader) -> None:
+        """Load the base, then replay the changelogs in order (key groups of this range only)."""
+        rng = self.key_group_range
+        states: dict[str, tuple[dict[str, Any], dict[int, dict[bytes, bytes]]]] = {}
+        for name, entry in handle.get("base", {}).items():
+            groups: dict[int, dict[bytes, bytes]] = {}
+            for kg, parts in read_kv_entry(name, entry, reader, rng):
+                if len(parts) != 2:
+                    raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed base")
+                groups[kg] = dict(zip(parts[0], parts[1], strict=True))
+            states[name] = (entry, groups)
+        for log in handle.get("logs", []):
+            for name, entry in log.items():
+                if name not in states:
+                    states[name] = (entry, {})
+                groups = states[name][1]
+                states[name] = (entry, groups)
+                for kg, parts in read_kv_entry(name, entry, reader, rng):
+                    if len(parts) != 3:
+                        raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
+                    puts_k, puts_v, removes = parts
+                    group = groups.setdefault(kg, {})
+                    group.update(zip(puts_k, puts_v, strict=True))
+                    for kb in removes:
+                        group.pop(kb, None)
+        for name, (entry, groups) in states.items():
+            data = self._restored_data(name, entry)
+            for kg, group in groups.items():
+                if group:
+                    chunk = data.chunks.setdefault(kg, ([], []))
+                    chunk[0].extend(group.keys())
+                    chunk[1].extend(group.values())
 
     def dispose(self) -> None:
         self.tables.clear()
         self._restored.clear()
         self._states.clear()
+        self._attempts.clear()
+        self._confirmed = None
 
 
 class HashMapStateBackend(StateBackend):
-    """Working state on the Python heap; fast, bounded by memory; snapshots asynchronous by default."""
+    """Working state on the Python heap; fast, bounded by memory; snapshots asynchronous by default.
+
+    ``incremental=True`` writes changelog checkpoints (only keys changed since the last confirmed
+    checkpoint) and a full base every ``materialization_interval`` checkpoints or once the log
+    exceeds ``max_log_ratio`` of the base.  Flat keys: ``state.backend.heap.incremental`` (or
+    ``state.backend.incremental``), ``state.backend.heap.materialization-interval``,
+    ``state.backend.heap.max-log-ratio``, ``state.backend.async``.
+    """
 
     name = "hashmap"
+
+    def __init__(self, using_asynchronous_snapshots: bool | None = None, *,
+                 incremental: bool | None = None, materialization_interval: int | None = None,
+                 max_log_ratio: float | None = None,
+                 number_of_transfering_threads: int | None = None) -> None:
+        super().__init__(using_asynchronous_snapshots)
+        self._explicit_async = using_asynchronous_snapshots is not None
+        self._incremental = incremental
+        if materialization_interval is not None and int(materialization_interval) < 1:
+            raise ConfigError("state.backend.heap.materialization-interval", "must be at least 1")
+        if max_log_ratio is not None and float(max_log_ratio) <= 0:
+            raise ConfigError("state.backend.heap.max-log-ratio", "must be positive")
+        if number_of_transfering_threads is not None and int(number_of_transfering_threads) < 1:
+            raise ConfigError("state.backend.heap.transfer.thread.num", "must be at least 1")
+        self._interval = materialization_interval
+        self._ratio = max_log_ratio
+        self._threads = number_of_transfering_threads
+
+    def is_incremental_checkpoints_enabled(self) -> bool:
+        return bool(self._incremental)
+
+    def get_materialization_interval(self) -> int:
+        return int(self._interval or 10)
+
+    def get_max_log_ratio(self) -> float:
+        return float(self._ratio or 0.5)
+
+    def get_number_of_transfering_threads(self) -> int:
+        return int(self._threads or 1)
+
+    def set_number_of_transfering_threads(self, number_of_transfering_threads: int) -> None:
+        if int(number_of_transfering_threads) < 1:
+            raise ConfigError("state.backend.heap.transfer.thread.num", "must be at least 1")
+        self._threads = int(number_of_transfering_threads)
+
+    def configure(self, config: dict[str, Any]) -> HashMapStateBackend:
+        """A copy with flat configuration keys applied; settings made in code take precedence."""
+        import copy
+
+        from statekit.runtime.config import parse_bool, parse_int
+
+        new = copy.copy(self)
+        for key in ("state.backend.heap.incremental", "state.backend.incremental",
+                    "execution.checkpointing.incremental"):
+            if config.get(key) is not None and self._incremental is None:
+                new._incremental = parse_bool(key, config[key])
+                break
+        key = "state.backend.heap.materialization-interval"
+        if config.get(key) is not None and self._interval is None:
+            new._interval = parse_int(key, config[key])
+            if new._interval < 1:
+                raise ConfigError(key, "must be at least 1")
+        key = "state.backend.heap.max-log-ratio"
+        if config.get(key) is not None and self._ratio is None:
+            try:
+                new._ratio = float(config[key])
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(key, f"expected a number, got {config[key]!r}") from exc
+            if new._ratio <= 0:
+                raise ConfigError(key, "must be positive")
+        for key in ("state.backend.async", "execution.checkpointing.async"):
+            if config.get(key) is not None and not self._explicit_async:
+                new._async = parse_bool(key, config[key])
+                break
+        return new
 
     def create_keyed_state_backend(self, *, key_serializer: TypeSerializer,
                                    key_group_range: KeyGroupRange, max_parallelism: int,
                                    operator_id: str = "op",
                                    clock: Callable[[], int] | None = None) -> HeapKeyedStateBackend:
-        return HeapKeyedStateBackend(key_serializer, key_group_range, max_parallelism, clock,
-                                     self.is_using_asynchronous_snapshots())
+        return HeapKeyedStateBackend(
+            key_serializer, key_group_range, max_parallelism, clock,
+            self.is_using_asynchronous_snapshots(), incremental=bool(self._incremental),
+            materialization_interval=self.get_materialization_interval(),
+            max_log_ratio=self.get_max_log_ratio(),
+        )
 
     def __repr__(self) -> str:
-        return f"HashMapStateBackend(using_asynchronous_snapshots={self._async})"
+        return (f"HashMapStateBackend(using_asynchronous_snapshots={self._async}, "
+                f"incremental={bool(self._incremental)})")

@@ -81,7 +81,8 @@ _SEQ_MAX = b"\xff" * 8
 _KG_END = b"\x80"  # key groups are < 2**15, so every key sorts below this
 _BATCH = 20_000
 _TTL_SWEEP_BUDGET = 1000  # entries per TTL state examined per checkpoint (compaction-filter stand-in)
-_NIL = b"\xc0"  # msgpack nil: a None map value inside a serialized map
+_NIL = b"\xc0"
+_PREFIX_CACHE_SIZE = 1 << 16  # msgpack nil: a None map value inside a serialized map
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 _live_backends: weakref.WeakSet[RocksDBKeyedStateBackend] = weakref.WeakSet()
@@ -419,7 +420,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  incremental: bool = False, transfer_threads: int = 1,
                  ttl_compaction_filter: bool = True) -> None:
         self._prefix: bytes | None = None
-        self._key_ser = key_serializer.serialize
+        self._prefix_cache: dict[Any, tuple[type, bytes]] = {}
+        self._key_ser = packb if key_serializer.identity else key_serializer.serialize
         self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
         super().__init__(key_serializer, key_group_range, max_parallelism, clock, True)
         self.instance_dir = Path(instance_dir)
@@ -451,15 +453,29 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     @current_key.setter
     def current_key(self, key: Any) -> None:
-        self._current_key = key
-        if key is NO_KEY:
-            self._prefix = None
-        else:
-            kb = self._key_ser(key)
-            self._prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+        self.set_current_key(key)
 
     def set_current_key(self, key: Any) -> None:
-        self.current_key = key
+        """Set the current key and compute its key-group prefix once for all state accesses."""
+        self._current_key = key
+        kind = type(key)
+        if kind is str or kind is int or kind is bytes:
+            # cached per key; the type check keeps 1, 1.0 and True apart
+            cached = self._prefix_cache.get(key)
+            if cached is not None and cached[0] is kind:
+                self._prefix = cached[1]
+                return
+        elif key is NO_KEY:
+            self._prefix = None
+            return
+        kb = self._key_ser(key)
+        prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+        self._prefix = prefix
+        if kind is str or kind is int or kind is bytes:
+            cache = self._prefix_cache
+            if len(cache) >= _PREFIX_CACHE_SIZE:
+                cache.clear()
+            cache[key] = (kind, prefix)
 
     # --- the database ------------------------------------------------------------------------------
 
@@ -573,13 +589,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         seen = 0
         while it.valid() and seen < _TTL_SWEEP_BUDGET:
             value = it.value()
-            if value:
-                try:
-                    stamp = unpackb(value)[1]
-                except Exception:  # not a TTL-stamped value: leave it alone
-                    stamp = None
-                if isinstance(stamp, int) and stamp <= limit:
-                    batch.delete(it.key(), handle)
+            if value and _expired(value, limit):
+                batch.delete(it.key(), handle)
             seen += 1
             it.next()
         self._sweep_cursor[name] = it.key() if it.valid() else b""
@@ -610,11 +621,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         info = {name: dict(self._state_info[name]) for name in self._state_names()}
         base = dict(self._confirmed) if self.incremental and not savepoint else {}
         metas = dict(self._metas)
+        expiring = {name: (meta.kind, meta.ttl.clock() - meta.ttl.ttl)
+                    for name, meta in metas.items()
+                    if meta.ttl is not None and meta.ttl.cleanup_full_snapshot}
 
         def run() -> dict[str, Any]:
             try:
                 if savepoint:
                     return self._write_savepoint(target, streams, info, metas)
+                if expiring:
+                    self._drop_expired_in(target, expiring)
                 return self._upload(checkpoint_id, target, streams, info, base)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
@@ -623,6 +639,33 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             shutil.rmtree(target, ignore_errors=True)
 
         return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
+
+    def _drop_expired_in(self, target: Path, expiring: dict[str, tuple[str, int]]) -> None:
+        """TTL full-snapshot cleanup, off the processing thread: delete expired entries in the copy.
+
+        The native checkpoint is a separate database (hard-linked, immutable SSTs); tombstones
+        written into it hide the expired entries from every restore of this checkpoint.
+        """
+        def options() -> Options:
+            opts = self._options()
+            opts.set_disable_auto_compactions(True)
+            return opts
+
+        db = open_db(target, options)
+        try:
+            for name, (kind, limit) in expiring.items():
+                cf = db.get_column_family(name)
+                handle = db.get_column_family_handle(name)
+                batch = WriteBatch(raw_mode=True)
+                for key, value in cf.items():
+                    if value and _expired(value, limit):
+                        batch.delete(key, handle)
+                if len(batch):
+                    db.write(batch)
+                    cf.flush()
+                del cf
+        finally:
+            db.close()
 
     def _pool_map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         if self.transfer_threads <= 1 or len(items) <= 1:
@@ -863,6 +906,14 @@ def _grouped(cf: Rdict, kind: str) -> Iterator[tuple[int, bytes, bytes]]:
             parts.append(b"\x92" + key[len(prefix):] + (value or _NIL))
     if prefix is not None and parts:
         yield int.from_bytes(prefix[:2], "big"), prefix[2:], _combine(kind, parts)
+
+
+def _expired(value: bytes, limit: int) -> bool:
+    try:
+        stamp = unpackb(value)[1]
+    except Exception:  # not a TTL-stamped value
+        return False
+    return isinstance(stamp, int) and stamp <= limit
 
 
 def _combine(kind: str, parts: list[bytes]) -> bytes:

@@ -13,10 +13,18 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any
 
+import logging
+
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
+from statekit.checkpoint.retry import RetryPolicy
 from statekit.checkpoint.store import BlobStore, FsspecBlobStore, MemoryBlobStore
 from statekit.checkpoint.streams import SHARED_PREFIX, CheckpointStreams, StateReader, file_paths
-from statekit.errors import CheckpointNotFoundError, ConfigError
+from statekit.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
+
+log = logging.getLogger("statekit.checkpoint")
+
+#: flat key: when the newest checkpoint is damaged, restore the newest older one that is intact
+RECOVER_FROM_OLDER_KEY = "execution.checkpointing.recover-from-older-on-corruption"
 
 METADATA = "_metadata"
 _CHK = re.compile(r"^chk-(\d+)/")
@@ -71,6 +79,35 @@ class CheckpointStorageAccess:
         key = f"chk-{checkpoint_id}/{METADATA}"
         return decode_metadata(self.store.get(key), f"{self.location}/{key}")
 
+    def verify(self, checkpoint_id: int) -> dict[str, Any]:
+        """The checkpoint's metadata after reading back every file it references (size, CRC,
+        path safety); the typed :class:`CorruptCheckpointError` of the first problem otherwise."""
+        body = self.load(checkpoint_id)
+        verify_body(body, self.reader())
+        return body
+
+    def latest_valid(self, candidates: list[int] | None = None, fallback: bool = True
+                     ) -> tuple[int, dict[str, Any]] | None:
+        """The newest checkpoint (among ``candidates``, default: all complete ones) that verifies.
+
+        With ``fallback`` a damaged checkpoint is skipped (and logged) in favour of an older one;
+        without it the newest one's error is raised.  None when there is no checkpoint at all.
+        """
+        ids = sorted(self.completed() if candidates is None else candidates, reverse=True)
+        first_error: Exception | None = None
+        for cid in ids:
+            try:
+                return cid, self.verify(cid)
+            except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+                if not fallback:
+                    raise
+                first_error = first_error or exc
+                log.warning("checkpoint %d at %s is unusable (%s); trying an older one",
+                            cid, self.location, exc)
+        if first_error is not None:
+            raise first_error
+        return None
+
     def discard(self, checkpoint_id: int, retained: list[int]) -> None:
         """Delete a checkpoint and every shared file no retained checkpoint still references."""
         try:
@@ -120,6 +157,20 @@ class CheckpointStorageAccess:
 
     def delete_all(self) -> None:
         self.store.delete_prefix("")
+
+
+def verify_body(body: dict[str, Any], reader: StateReader) -> None:
+    """Read back every file handle in a metadata body, checking path, size and checksum."""
+    stack: list[Any] = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item.get("type") == "file":
+                reader.read(item)
+            else:
+                stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 class CheckpointStorage(ABC):
@@ -195,7 +246,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def __init__(self, checkpoint_path: str, file_state_size_threshold: int | None = None,
                  write_buffer_size: int | None = None, savepoint_path: str | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, *,
+                 retry: RetryPolicy | None = None, multipart_threshold: int | None = None) -> None:
         if not checkpoint_path:
             raise ConfigError("state.checkpoints.dir", "FileSystemCheckpointStorage needs a path")
         threshold = (self.DEFAULT_FILE_STATE_THRESHOLD if file_state_size_threshold in (None, -1)
@@ -214,6 +266,29 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         self._threshold = threshold
         self._write_buffer_size = buffer
         self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self.multipart_threshold = multipart_threshold
+
+    def configure(self, config: dict[str, Any]) -> FileSystemCheckpointStorage:
+        """Apply flat keys: retries (``state.storage.fs.retries``, ``.retry-backoff``,
+        ``.retry-max-backoff``), ``state.storage.fs.multipart-threshold`` and, for ``s3://``
+        paths, Flink's ``s3.endpoint`` / ``s3.access-key`` / ``s3.secret-key`` /
+        ``s3.path.style.access`` (otherwise the usual AWS environment and config files apply)."""
+        from statekit.runtime import config as cfg
+
+        if any(k.startswith("state.storage.fs.retr") for k in config):
+            self.retry = RetryPolicy.from_config(config)
+        threshold = cfg.get(config, "state.storage.fs.multipart-threshold", cfg.parse_size)
+        if threshold is not None:
+            self.multipart_threshold = threshold
+        if str(self._checkpoint_path).startswith(("s3://", "s3a://")):
+            self.storage_options = {**s3_options_from_config(config), **self.storage_options}
+        return self
+
+    def store_for(self, root: str) -> FsspecBlobStore:
+        """A blob store under ``root`` with this storage's options, retries and multipart size."""
+        return FsspecBlobStore(root, self.storage_options, retry=self.retry,
+                               multipart_threshold=self.multipart_threshold)
 
     def get_checkpoint_path(self) -> str:
         return self._checkpoint_path  # type: ignore[return-value]
@@ -230,12 +305,25 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         location = f"{self._checkpoint_path}/{job_id}"
-        store = FsspecBlobStore(location, self.storage_options)
-        return CheckpointStorageAccess(store, location, self._threshold)
+        return CheckpointStorageAccess(self.store_for(location), location, self._threshold)
 
     def __repr__(self) -> str:
         return (f"FileSystemCheckpointStorage(checkpoint_path={self._checkpoint_path!r}, "
                 f"file_state_size_threshold={self._threshold})")
+
+
+def s3_options_from_config(config: dict[str, Any]) -> dict[str, Any]:
+    """s3fs options from Flink's ``s3.*`` keys (only those present)."""
+    options: dict[str, Any] = {}
+    if config.get("s3.endpoint"):
+        options["endpoint_url"] = str(config["s3.endpoint"])
+    if config.get("s3.access-key"):
+        options["key"] = str(config["s3.access-key"])
+    if config.get("s3.secret-key"):
+        options["secret"] = str(config["s3.secret-key"])
+    if str(config.get("s3.path.style.access", "")).lower() == "true":
+        options["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+    return options
 
 
 class CustomCheckpointStorage(CheckpointStorage):
@@ -262,10 +350,11 @@ class Savepoint:
     """A self-contained savepoint directory being written (``savepoint-<job>-<id>/``)."""
 
     def __init__(self, target_dir: str, job_id: str,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
+                 ) -> None:
         name = f"savepoint-{job_id[:6]}-{uuid.uuid4().hex[:12]}"
         self.path = f"{target_dir.rstrip('/')}/{name}"
-        self.store = FsspecBlobStore(self.path, storage_options)
+        self.store = FsspecBlobStore(self.path, storage_options, retry=retry)
 
     def streams(self, task_name: str, inline_threshold: int) -> CheckpointStreams:
         return CheckpointStreams(self.store, "", task_name, inline_threshold, allow_shared=False)
@@ -275,10 +364,38 @@ class Savepoint:
         return self.path
 
 
-def open_external(path: str, storage_options: dict[str, Any] | None = None
+def open_external(path: str, storage_options: dict[str, Any] | None = None,
+                  retry: RetryPolicy | None = None, fallback_to_older: bool = False
                   ) -> tuple[dict[str, Any], StateReader]:
-    """Metadata and a reader for a retained checkpoint or savepoint named by its path."""
+    """Metadata and a reader for a retained checkpoint or savepoint named by its path.
+
+    ``path`` may also name a job's checkpoint directory (holding ``chk-<n>/``): its newest
+    complete checkpoint is used.  With ``fallback_to_older``, a damaged checkpoint (metadata or
+    any state file) is skipped for the newest older intact one in the same job directory.
+    """
     path = path.rstrip("/")
+    if path.endswith("/" + METADATA):
+        path = path[: -len(METADATA) - 1]
+    if not path.startswith(JOBMANAGER_SCHEME):
+        chk = re.fullmatch(r"chk-(\d+)", posixpath.basename(path))
+        job_dir = posixpath.dirname(path) if chk else path
+        access = CheckpointStorageAccess(FsspecBlobStore(job_dir, storage_options, retry=retry),
+                                         job_dir, 0)
+        if chk or (not access.store.exists(METADATA) and access.completed()):
+            newest = int(chk.group(1)) if chk else max(access.completed())
+            if fallback_to_older:
+                candidates = [c for c in access.completed() if c <= newest]
+                found = access.latest_valid(candidates, fallback=True)
+                if found is None:
+                    raise CheckpointNotFoundError(f"no complete checkpoint at {path}")
+                return found[1], access.reader()
+            if not chk:
+                path = f"{job_dir}/chk-{newest}"
+    return _open_one(path, storage_options, retry)
+
+
+def _open_one(path: str, storage_options: dict[str, Any] | None, retry: RetryPolicy | None
+              ) -> tuple[dict[str, Any], StateReader]:
     if path.endswith("/" + METADATA):
         path = path[: -len(METADATA) - 1]
     if path.startswith(JOBMANAGER_SCHEME):
@@ -286,10 +403,10 @@ def open_external(path: str, storage_options: dict[str, Any] | None = None
         store: BlobStore = MemoryBlobStore.named(job_id)
         key = f"{chk}/{METADATA}"
     elif re.fullmatch(r"chk-\d+", posixpath.basename(path)):
-        store = FsspecBlobStore(posixpath.dirname(path), storage_options)
+        store = FsspecBlobStore(posixpath.dirname(path), storage_options, retry=retry)
         key = f"{posixpath.basename(path)}/{METADATA}"
     else:
-        store = FsspecBlobStore(path, storage_options)
+        store = FsspecBlobStore(path, storage_options, retry=retry)
         key = METADATA
     if not store.exists(key):
         raise CheckpointNotFoundError(f"no checkpoint or savepoint metadata at {path}")

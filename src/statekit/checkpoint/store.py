@@ -11,11 +11,38 @@ import posixpath
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import fsspec
 
-from statekit.errors import CheckpointNotFoundError, CheckpointStorageError, UnsafePathError
+from statekit.checkpoint.retry import RetryPolicy
+from statekit.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointStorageError,
+    UnsafePathError,
+)
+
+T = TypeVar("T")
+
+#: called as ``hook(operation, path)`` before every file operation of an :class:`FsspecBlobStore`
+#: (and before each step of a local atomic write); crash tests use it to die between two operations
+OperationHook = Callable[[str, str], None]
+_operation_hook: OperationHook | None = None
+
+
+def set_operation_hook(hook: OperationHook | None) -> OperationHook | None:
+    """Install a process-wide hook run before each blob-store file operation; returns the old one."""
+    global _operation_hook
+    previous, _operation_hook = _operation_hook, hook
+    return previous
+
+
+def _op(operation: str, path: str) -> None:
+    hook = _operation_hook
+    if hook is not None:
+        hook(operation, path)
 
 
 def check_key(key: str) -> str:
@@ -115,34 +142,60 @@ class FsspecBlobStore(BlobStore):
     """Blobs on any fsspec file system under ``root`` (a path or URL).
 
     Local disk: write a temp file in the same directory, fsync it, rename over the key, fsync the
-    directory.  Object stores: one PUT of the final key, which is atomic; never rename.
+    directory.  Object stores: one PUT of the final key (a multipart upload above
+    ``multipart_threshold`` bytes, whose completion is equally atomic); never rename, never fsspec
+    transactions.  Transient failures are retried per ``retry``; the file system is created anew
+    in each process (fork safety) and shared by the transfer threads (s3fs is thread-safe for
+    plain operations; its instance cache is skipped so no state leaks between stores).
     """
 
-    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+    DEFAULT_MULTIPART_THRESHOLD = 16 * 1024 * 1024
+    DEFAULT_PART_SIZE = 8 * 1024 * 1024
+    MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, *,
+                 retry: RetryPolicy | None = None, multipart_threshold: int | None = None,
+                 part_size: int | None = None) -> None:
         self.root_url = root.rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.multipart_threshold = (self.DEFAULT_MULTIPART_THRESHOLD if multipart_threshold is None
+                                    else int(multipart_threshold))
+        self.part_size = max(self.MIN_PART_SIZE, int(part_size or self.DEFAULT_PART_SIZE))
         self._fs: Any = None
         self._pid = -1
+        self._lock = threading.Lock()
         fs, path = self._resolve()
         self.local = "file" in _protocols(fs)
         self.root = path.rstrip("/") if path != "/" else path
 
     def _resolve(self) -> tuple[Any, str]:
-        fs, path = fsspec.core.url_to_fs(self.root_url, **self.storage_options)
+        options = dict(self.storage_options)
+        if "::" not in self.root_url:
+            options.setdefault("skip_instance_cache", True)
+        fs, path = fsspec.core.url_to_fs(self.root_url, **options)
         return fs, path
 
     @property
     def fs(self) -> Any:
         """The file system, created anew in each process (fsspec async file systems are not fork-safe)."""
         if self._fs is None or self._pid != os.getpid():
-            self._fs, _ = self._resolve()
-            self._pid = os.getpid()
+            with self._lock:
+                if self._fs is None or self._pid != os.getpid():
+                    self._fs, _ = self._resolve()
+                    self._pid = os.getpid()
         return self._fs
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_fs"] = None
+        state["_pid"] = -1
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
@@ -150,39 +203,84 @@ class FsspecBlobStore(BlobStore):
     def describe(self) -> str:
         return self.root_url
 
+    def _call(self, what: str, operation: Callable[[], T]) -> T:
+        """``operation`` with retries; permanent errors become typed checkpoint errors."""
+        try:
+            return self.retry.call(operation, what)
+        except CheckpointError:
+            raise
+        except FileNotFoundError as exc:
+            raise CheckpointNotFoundError(f"{what}: not found ({exc})") from exc
+        except OSError as exc:
+            raise CheckpointStorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        try:
-            if self.local:
-                _atomic_local_write(path, data)
-            else:
+        if self.local:
+            self._call(f"cannot write {path}", lambda: _atomic_local_write(path, data))
+        elif len(data) > self.multipart_threshold:
+            self._call(f"cannot write {path}", lambda: self._multipart_put(path, data))
+        else:
+            def pipe() -> None:
+                _op("put", path)
                 self.fs.pipe_file(path, bytes(data))
-        except OSError as exc:
-            raise CheckpointStorageError(f"cannot write {path}: {exc}") from exc
+            self._call(f"cannot write {path}", pipe)
+
+    def _multipart_put(self, path: str, data: bytes) -> None:
+        """A multipart upload: invisible until its completion, aborted on any failure."""
+        _op("multipart-start", path)
+        handle = self.fs.open(path, "wb", block_size=self.part_size)
+        try:
+            view = memoryview(data)
+            for start in range(0, len(view), self.part_size):
+                _op("multipart-part", path)
+                handle.write(view[start:start + self.part_size])
+            _op("multipart-complete", path)
+            handle.close()
+        except BaseException:
+            discard = getattr(handle, "discard", None)
+            try:
+                if callable(discard):
+                    discard()
+            finally:
+                handle.closed = True  # never let close() or __del__ commit a partial upload
+            raise
 
     def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
         path = self._path(key)
-        try:
+
+        def read() -> bytes:
             if start is None:
                 return bytes(self.fs.cat_file(path))
             end = None if length is None else start + length
             return bytes(self.fs.cat_file(path, start=start, end=end))
-        except FileNotFoundError as exc:
+
+        try:
+            return self._call(f"cannot read {path}", read)
+        except CheckpointNotFoundError as exc:
             raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
-        except OSError as exc:
-            raise CheckpointStorageError(f"cannot read {path}: {exc}") from exc
 
     def exists(self, key: str) -> bool:
-        return bool(self.fs.exists(self._path(key)))
+        path = self._path(key)
+
+        def check() -> bool:
+            if not self.local:
+                self.fs.invalidate_cache(posixpath.dirname(path))
+            return bool(self.fs.exists(path))
+
+        return self._call(f"cannot check {path}", check)
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        try:
-            self.fs.rm_file(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise CheckpointStorageError(f"cannot delete {path}: {exc}") from exc
+
+        def remove() -> None:
+            _op("delete", path)
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+
+        self._call(f"cannot delete {path}", remove)
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)
@@ -197,10 +295,17 @@ class FsspecBlobStore(BlobStore):
 
     def list(self, prefix: str = "") -> list[str]:
         base = self.root
-        try:
-            found = self.fs.find(base, withdirs=False)
-        except FileNotFoundError:
-            return []
+
+        def find() -> list[str]:
+            _op("list", base)
+            if not self.local:
+                self.fs.invalidate_cache(base)
+            try:
+                return list(self.fs.find(base, withdirs=False))
+            except FileNotFoundError:
+                return []
+
+        found = self._call(f"cannot list {base}", find)
         strip = len(base.rstrip("/")) + 1
         keys = []
         for full in found:
@@ -219,19 +324,24 @@ def _atomic_local_write(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    _op("create-temp", tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(data)
+        _op("write", tmp)
         while view:
             written = os.write(fd, view)
             view = view[written:]
+        _op("fsync", tmp)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
         raise
     os.close(fd)
+    _op("rename", path)
     os.replace(tmp, path)
+    _op("fsync-dir", directory)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -1,0 +1,194 @@
+"""PyFlink-style configuration: constructors, getters, setters, defaults and flat keys."""
+
+import pytest
+
+from statekit import (
+    CheckpointConfig,
+    CheckpointingMode,
+    CustomCheckpointStorage,
+    CustomStateBackend,
+    ExternalizedCheckpointCleanup,
+    FileSystemCheckpointStorage,
+    FsStateBackend,
+    HashMapStateBackend,
+    JobManagerCheckpointStorage,
+    MemoryStateBackend,
+    RestartStrategies,
+    StreamExecutionEnvironment,
+)
+from statekit.errors import ConfigError, UnknownPluginError
+from statekit.runtime import config as cfg
+
+
+def test_checkpoint_config_defaults_and_setters():
+    c = CheckpointConfig()
+    assert CheckpointConfig.DEFAULT_MODE == CheckpointingMode.EXACTLY_ONCE
+    assert CheckpointConfig.DEFAULT_TIMEOUT == 600000
+    assert CheckpointConfig.DEFAULT_MIN_PAUSE_BETWEEN_CHECKPOINTS == 0
+    assert CheckpointConfig.DEFAULT_MAX_CONCURRENT_CHECKPOINTS == 1
+    assert not c.is_checkpointing_enabled() and c.get_checkpoint_interval() == -1
+    assert c.get_checkpoint_timeout() == 600000
+    assert c.get_tolerable_checkpoint_failure_number() == 0
+    assert c.is_fail_on_checkpointing_errors()
+    assert not c.is_externalized_checkpoints_enabled()
+    assert c.get_externalized_checkpoint_cleanup() is None
+    assert not c.is_prefer_checkpoint_for_recovery()
+    c.set_checkpoint_interval(1000).set_checkpointing_mode(CheckpointingMode.AT_LEAST_ONCE)
+    c.set_checkpoint_timeout(5000).set_min_pause_between_checkpoints(10)
+    c.set_max_concurrent_checkpoints(3).set_tolerable_checkpoint_failure_number(2)
+    c.enable_externalized_checkpoints(ExternalizedCheckpointCleanup.RETAIN_ON_CANCELLATION)
+    c.set_prefer_checkpoint_for_recovery(True)
+    c.enable_unaligned_checkpoints()
+    c.set_alignment_timeout(250)
+    c.set_force_unaligned_checkpoints(True)
+    assert (c.get_checkpoint_interval(), c.get_checkpoint_timeout()) == (1000, 5000)
+    assert c.get_checkpointing_mode() == CheckpointingMode.AT_LEAST_ONCE
+    assert c.get_min_pause_between_checkpoints() == 10 and c.get_max_concurrent_checkpoints() == 3
+    assert c.get_tolerable_checkpoint_failure_number() == 2
+    assert c.get_externalized_checkpoint_cleanup() == ExternalizedCheckpointCleanup.RETAIN_ON_CANCELLATION
+    assert c.is_prefer_checkpoint_for_recovery() and c.is_unaligned_checkpoints_enabled()
+    assert c.get_alignment_timeout().total_seconds() == 0.25 and c.is_force_unaligned_checkpoints()
+    c.set_fail_on_checkpointing_errors(False)
+    assert not c.is_fail_on_checkpointing_errors()
+    c.set_checkpoint_storage_dir("/tmp/x/")
+    assert isinstance(c.get_checkpoint_storage(), FileSystemCheckpointStorage)
+    c.set_checkpoint_storage(JobManagerCheckpointStorage())
+    assert isinstance(c.get_checkpoint_storage(), JobManagerCheckpointStorage)
+    with pytest.raises(ConfigError):
+        c.set_max_concurrent_checkpoints(0)
+
+
+def test_fail_on_errors_false_means_unlimited_tolerance():
+    c = CheckpointConfig().set_fail_on_checkpointing_errors(False)
+    assert c.get_tolerable_checkpoint_failure_number() == 2**31 - 1
+
+
+def test_backend_facades():
+    m = MemoryStateBackend()
+    assert m.get_max_state_size() == MemoryStateBackend.DEFAULT_MAX_STATE_SIZE == 5 * 1024 * 1024
+    assert m.is_using_asynchronous_snapshots()
+    assert MemoryStateBackend(max_state_size=10, using_asynchronous_snapshots=False
+                              ).get_max_state_size() == 10
+    assert not MemoryStateBackend(using_asynchronous_snapshots=False).is_using_asynchronous_snapshots()
+    f = FsStateBackend("file:///tmp/ck/")
+    assert f.get_checkpoint_path() == "file:///tmp/ck"
+    assert f.get_min_file_size_threshold() == 1024
+    assert f.get_write_buffer_size() == 4096
+    assert FsStateBackend("/tmp/ck", file_state_size_threshold=2048,
+                          write_buffer_size=8192).get_write_buffer_size() == 8192
+    assert isinstance(f.default_checkpoint_storage(), FileSystemCheckpointStorage)
+    assert isinstance(m.default_checkpoint_storage(), JobManagerCheckpointStorage)
+    custom = CustomStateBackend("statekit.backends.heap.HashMapStateBackend")
+    assert custom.name == "hashmap"
+    with pytest.raises(ConfigError):
+        CustomStateBackend(object())
+
+
+def test_storage_constructors():
+    jm = JobManagerCheckpointStorage()
+    assert JobManagerCheckpointStorage.DEFAULT_MAX_STATE_SIZE == 5 * 1024 * 1024
+    assert jm.get_max_state_size() == 5 * 1024 * 1024 and jm.get_checkpoint_path() is None
+    assert JobManagerCheckpointStorage("/tmp/a/", 100).get_savepoint_path() == "/tmp/a"
+    fs = FileSystemCheckpointStorage("/tmp/b")
+    assert fs.get_min_file_size_threshold() == 20480 and fs.get_write_buffer_size() == 20480
+    with pytest.raises(ConfigError, match="inline-threshold"):
+        FileSystemCheckpointStorage("/tmp/b", file_state_size_threshold=2 * 1024 * 1024)
+    assert isinstance(CustomCheckpointStorage(fs).storage, FileSystemCheckpointStorage)
+
+
+def test_environment_methods_and_fresh_defaults():
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_checkpoint_interval() == -1
+    env.enable_checkpointing(300000, CheckpointingMode.AT_LEAST_ONCE)
+    assert env.get_checkpoint_interval() == 300000
+    assert env.get_checkpointing_mode() == CheckpointingMode.AT_LEAST_ONCE
+    env.set_state_backend(HashMapStateBackend()).set_parallelism(3).set_max_parallelism(64)
+    assert isinstance(env.get_state_backend(), HashMapStateBackend)
+    assert (env.get_parallelism(), env.get_max_parallelism()) == (3, 64)
+    env.set_restart_strategy(RestartStrategies.fixed_delay_restart(5, 100))
+    assert env.get_restart_strategy().attempts == 5
+    fresh = StreamExecutionEnvironment.get_execution_environment()
+    assert fresh.get_checkpoint_interval() == -1 and fresh.get_state_backend() is None
+    assert fresh.get_max_parallelism() == -1 and fresh.effective_max_parallelism() == 128
+
+
+def test_flat_keys_and_aliases(tmp_path):
+    env = StreamExecutionEnvironment.get_execution_environment({
+        "state.backend.type": "hashmap",
+        "execution.checkpointing.dir": str(tmp_path),  # Flink 2 alias of state.checkpoints.dir
+        "execution.checkpointing.interval": "2 s",
+        "execution.checkpointing.mode": "AT_LEAST_ONCE",
+        "execution.checkpointing.timeout": "1 min",
+        "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+        "execution.checkpointing.num-retained": "3",
+        "execution.checkpointing.data-inline-threshold": "1 kb",
+        "state.backend.incremental": "false",
+        "execution.state-recovery.path": "/somewhere/chk-3",
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": "4",
+        "parallelism.default": 2,
+    })
+    cc = env.get_checkpoint_config()
+    assert cc.get_checkpoint_interval() == 2000 and cc.get_checkpoint_timeout() == 60000
+    assert cc.get_checkpointing_mode() == CheckpointingMode.AT_LEAST_ONCE
+    assert cc.get_num_retained_checkpoints() == 3
+    storage = env.resolved_checkpoint_storage()
+    assert isinstance(storage, FileSystemCheckpointStorage)
+    assert storage.get_min_file_size_threshold() == 1024
+    assert env.get_configuration()["execution.savepoint.path"] == "/somewhere/chk-3"
+    assert env.get_restart_strategy().attempts == 4 and env.get_parallelism() == 2
+    assert isinstance(env.resolved_state_backend(), HashMapStateBackend)
+
+
+def test_legacy_backend_names(tmp_path):
+    env = StreamExecutionEnvironment.get_execution_environment(
+        {"state.backend": "filesystem", "state.checkpoints.dir": str(tmp_path)})
+    assert isinstance(env.get_state_backend(), FsStateBackend)
+    env = StreamExecutionEnvironment.get_execution_environment({"state.backend.type": "jobmanager"})
+    assert isinstance(env.resolved_checkpoint_storage(), JobManagerCheckpointStorage)
+
+
+def test_environment_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("STATEKIT_STATE_CHECKPOINTS_DIR", str(tmp_path))
+    monkeypatch.setenv("STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL", "500ms")
+    env = StreamExecutionEnvironment.get_execution_environment()
+    assert env.get_checkpoint_interval() == 500
+    assert env.resolved_checkpoint_storage().get_checkpoint_path() == str(tmp_path)
+    # an explicit dict wins over the environment
+    env = StreamExecutionEnvironment.get_execution_environment(
+        {"execution.checkpointing.interval": "1 s"})
+    assert env.get_checkpoint_interval() == 1000
+    assert cfg.env_name("state.backend.type") == "STATEKIT_STATE_BACKEND_TYPE"
+
+
+@pytest.mark.parametrize("conf, key", [
+    ({"state.backend.type": "nosuchbackend"}, "state.backend.type"),
+    ({"state.backend.type": "no.such.module.Backend"}, "state.backend.type"),
+    ({"state.checkpoint-storage": "tape"}, "state.checkpoint-storage"),
+    ({"execution.checkpointing.interval": "soon"}, "execution.checkpointing.interval"),
+    ({"execution.checkpointing.mode": "MAYBE_ONCE"}, "execution.checkpointing.mode"),
+    ({"parallelism.default": "two"}, "parallelism.default"),
+    ({"execution.checkpointing.unaligned": "perhaps"}, "execution.checkpointing.unaligned"),
+    ({"state.checkpoint-storage": "filesystem"}, "state.checkpoint-storage"),
+    ({"restart-strategy.type": "sometimes"}, "restart-strategy.type"),
+])
+def test_malformed_values_name_the_key(conf, key):
+    with pytest.raises(ConfigError) as info:
+        StreamExecutionEnvironment.get_execution_environment(conf)
+    assert info.value.key == key and key in str(info.value)
+
+
+def test_unknown_backend_is_a_typed_error_listing_known_names():
+    with pytest.raises(UnknownPluginError, match="hashmap"):
+        StreamExecutionEnvironment.get_execution_environment({"state.backend.type": "rocks"})
+
+
+def test_plugin_registration():
+    from statekit.registry import backend_registry
+
+    class MyBackend(HashMapStateBackend):
+        name = "mine"
+
+    backend_registry.register("mine", MyBackend)
+    env = StreamExecutionEnvironment.get_execution_environment({"state.backend.type": "mine"})
+    assert isinstance(env.get_state_backend(), MyBackend)
