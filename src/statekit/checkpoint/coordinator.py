@@ -4,6 +4,10 @@ It runs the synchronous snapshot part of every task on the caller's (processing)
 asynchronous part on a pool of transfer threads, then writes ``_metadata`` last.  It enforces
 interval, min pause, max concurrent checkpoints, timeout (aborting and deleting partial files),
 tolerable failures, retention with subsumption, and records metrics per checkpoint.
+
+Backends hear ``notify_checkpoint_complete`` / ``notify_checkpoint_aborted`` so incremental ones
+only build on durable checkpoints.  A retained checkpoint is never discarded while an in-flight
+checkpoint may still reference its files (its base floor).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ class CheckpointStats:
     path: str | None = None
     failure: str | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The metrics as a plain dict (for logs, JSON or a metrics system)."""
+        return dict(self.__dict__)
+
 
 @dataclass
 class _Pending:
@@ -48,6 +56,8 @@ class _Pending:
     runs: dict[str, SnapshotRun]
     futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
     stats: CheckpointStats | None = None
+    tasks: dict[str, KeyedStateBackend] = field(default_factory=dict)
+    base_floor: float = float("inf")  # oldest retained checkpoint this attempt may build on
 
 
 class CheckpointCoordinator:
@@ -62,7 +72,10 @@ class CheckpointCoordinator:
         self.clock = clock
         self.next_id = first_checkpoint_id
         self.pending: dict[int, _Pending] = {}
-        self.retained: list[int] = []
+        # complete checkpoints of this job written by earlier attempts are retained (and trimmed)
+        self.retained: list[int] = [c for c in access.completed() if c < first_checkpoint_id]
+        self.savepoints: list[tuple[int, str]] = []
+        self._zombies: list[_Pending] = []  # aborted attempts whose threads may still write
         self.stats: list[CheckpointStats] = []
         self.consecutive_failures = 0
         self._last_end = -float("inf")
@@ -90,7 +103,9 @@ class CheckpointCoordinator:
         self._last_trigger = self.clock()
         stats = CheckpointStats(cid)
         self.stats.append(stats)
-        pending = _Pending(cid, self.clock(), payload, {}, {}, stats=stats)
+        pending = _Pending(cid, self.clock(), payload, {}, {}, stats=stats, tasks=dict(tasks))
+        latest = self.latest_completed()
+        pending.base_floor = float("inf") if latest is None else latest
         self.pending[cid] = pending
         try:
             for name, backend in tasks.items():
@@ -117,6 +132,7 @@ class CheckpointCoordinator:
 
     def poll(self, wait: bool = False) -> list[int]:
         """Complete finished checkpoints (all of them when ``wait``); returns completed ids."""
+        self._sweep_zombies()
         done = []
         for cid in sorted(self.pending):
             pending = self.pending.get(cid)
@@ -161,17 +177,37 @@ class CheckpointCoordinator:
         del self.pending[cid]
         self.consecutive_failures = 0
         self._last_end = self.clock()
+        for backend in pending.tasks.values():
+            backend.notify_checkpoint_complete(cid)
         # subsumption: older pending checkpoints can never be needed now
         for older in [c for c in self.pending if c < cid]:
             self._abort(self.pending[older], f"subsumed by checkpoint {cid}")
         self.retained.append(cid)
-        while len(self.retained) > self.config.get_num_retained_checkpoints():
-            self.access.discard(self.retained.pop(0), self.retained)
+        self._trim_retained()
         log.info("checkpoint %d completed: sync %.1f ms, async %.1f ms, %d bytes, %d files, %s",
                  cid, stats.sync_seconds * 1000, stats.async_seconds * 1000, stats.bytes_written,
                  stats.files_written, "incremental" if stats.incremental else "full")
         if self._on_complete is not None:
             self._on_complete(cid)
+
+    def _trim_retained(self) -> None:
+        """Discard the oldest checkpoints beyond the retained number, except those an in-flight
+        checkpoint may build on (their shared files must survive until it completes)."""
+        floor = min((p.base_floor for p in self.pending.values()), default=float("inf"))
+        while (len(self.retained) > self.config.get_num_retained_checkpoints()
+               and self.retained[0] < floor):
+            self.access.discard(self.retained.pop(0), self.retained)
+
+    def _sweep_zombies(self) -> None:
+        """Delete what aborted attempts wrote after their abort, once their threads have ended."""
+        still = []
+        for pending in self._zombies:
+            if all(f.done() for f in pending.futures.values()):
+                written = [p for s in pending.streams.values() for p in s.written]
+                self.access.abort(pending.checkpoint_id, written, self.retained)
+            else:
+                still.append(pending)
+        self._zombies = still
 
     def _abort(self, pending: _Pending, reason: str) -> None:
         for streams in pending.streams.values():
@@ -181,12 +217,18 @@ class CheckpointCoordinator:
         for run in pending.runs.values():
             run.cancel()
         del self.pending[pending.checkpoint_id]
+        for backend in pending.tasks.values():
+            backend.notify_checkpoint_aborted(pending.checkpoint_id)
         written = [p for s in pending.streams.values() for p in s.written]
         self.access.abort(pending.checkpoint_id, written, self.retained)
+        if not all(f.done() for f in pending.futures.values()):
+            self._zombies.append(pending)
         if pending.stats is not None:
             pending.stats.status = "aborted"
             pending.stats.failure = reason
+        log.info("checkpoint %d aborted: %s", pending.checkpoint_id, reason)
         self._last_end = self.clock()
+        self._trim_retained()
 
     def _fail(self, pending: _Pending, exc: BaseException) -> None:
         self._abort(pending, str(exc))
@@ -206,6 +248,37 @@ class CheckpointCoordinator:
     def latest_completed(self) -> int | None:
         return self.retained[-1] if self.retained else None
 
+    def stats_of(self, checkpoint_id: int) -> CheckpointStats | None:
+        """The metrics of one checkpoint attempt, if this coordinator triggered it."""
+        return next((s for s in self.stats if s.checkpoint_id == checkpoint_id), None)
+
+    def record_savepoint(self, checkpoint_id: int, path: str) -> None:
+        """Remember a savepoint taken at ``checkpoint_id`` as a recovery candidate."""
+        self.savepoints.append((checkpoint_id, path))
+
+    def recovery_point(self) -> tuple[str, int | str] | None:
+        """What to recover from: ``("checkpoint", id)`` or ``("savepoint", path)``, or None.
+
+        The newest of retained checkpoints and recorded savepoints, except that with
+        ``prefer_checkpoint_for_recovery`` a retained checkpoint always wins over a newer savepoint.
+        """
+        latest = self.latest_completed()
+        newest_sp = max(self.savepoints, default=None)
+        if latest is not None and (
+            newest_sp is None or self.config.is_prefer_checkpoint_for_recovery()
+            or latest >= newest_sp[0]
+        ):
+            return ("checkpoint", latest)
+        if newest_sp is not None:
+            return ("savepoint", newest_sp[1])
+        return None
+
+    def discard_retained(self) -> None:
+        """Delete every retained checkpoint (cancellation without externalized retention)."""
+        for cid in list(self.retained):
+            self.access.discard(cid, [])
+        self.retained.clear()
+
     def abort_all(self, reason: str) -> None:
         for pending in list(self.pending.values()):
             self._abort(pending, reason)
@@ -218,3 +291,4 @@ class CheckpointCoordinator:
         for p in pending:  # a thread may have written after the abort: delete again
             written = [path for s in p.streams.values() for path in s.written]
             self.access.abort(p.checkpoint_id, written, self.retained)
+        self._sweep_zombies()

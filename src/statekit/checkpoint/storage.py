@@ -7,13 +7,12 @@ directory.  JobManager storage keeps everything inline in memory with Flink's si
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any
-
-import logging
 
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.retry import RetryPolicy

@@ -255,7 +255,7 @@ def storage_from_config(conf: Mapping[str, Any]) -> CheckpointStorage:
             cfg.get(conf, "state.storage.fs.memory-threshold", cfg.parse_size),
             cfg.get(conf, "state.storage.fs.write-buffer-size", cfg.parse_size),
             savepoint_path=conf.get("state.savepoints.dir"),
-        )
+        ).configure(dict(conf))
     target = storage_registry.resolve(name)
     storage = target() if callable(target) else target
     if not isinstance(storage, CheckpointStorage):

@@ -20,7 +20,12 @@ from typing import Any
 from statekit.backends.base import KeyedStateBackend
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.coordinator import CheckpointCoordinator, CheckpointStats
-from statekit.checkpoint.storage import CheckpointStorageAccess, Savepoint, open_external
+from statekit.checkpoint.storage import (
+    RECOVER_FROM_OLDER_KEY,
+    CheckpointStorageAccess,
+    Savepoint,
+    open_external,
+)
 from statekit.checkpoint.streams import StateReader
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.functions import (
@@ -262,9 +267,11 @@ class LocalJob:
                     ) from cause
                 log.warning("job %s failed (%s); restarting in %d ms", self.job_id, cause, delay)
                 time.sleep(delay / 1000)
-                latest = coordinator.latest_completed()
-                if latest is not None:
-                    restore = _RestorePoint(self.access.load(latest), self.access.reader(),
+                found = self.access.latest_valid(coordinator.retained, self._recover_from_older()
+                                                 ) if coordinator.retained else None
+                if found is not None:
+                    latest, metadata = found
+                    restore = _RestorePoint(metadata, self.access.reader(),
                                             self.access.checkpoint_path(latest))
                 attempt += 1
             finally:
@@ -275,7 +282,9 @@ class LocalJob:
         path = self.env.get_configuration().get("execution.savepoint.path")
         if not path:
             return None
-        metadata, reader = open_external(str(path))
+        metadata, reader = open_external(
+            str(path), getattr(self.storage, "storage_options", None),
+            getattr(self.storage, "retry", None), fallback_to_older=self._recover_from_older())
         recorded = int(metadata.get("max_parallelism", self.max_parallelism))
         if recorded != self.max_parallelism:
             raise ConfigError(
@@ -284,6 +293,12 @@ class LocalJob:
                 f"restoring needs the same value, not {self.max_parallelism}",
             )
         return _RestorePoint(metadata, reader, str(path))
+
+    def _recover_from_older(self) -> bool:
+        """Whether a damaged newest checkpoint may be skipped for an older intact one."""
+        from statekit.runtime import config as cfg
+
+        return bool(cfg.get(self.env.get_configuration(), RECOVER_FROM_OLDER_KEY, cfg.parse_bool, False))
 
     def _create_tasks(self, restore: _RestorePoint | None, attempt: int) -> list[_Task]:
         tasks = []
@@ -396,7 +411,9 @@ class LocalJob:
 
     def _savepoint(self, tasks: list[_Task], checkpoint_id: int, position: int) -> str:
         """A self-contained, backend-neutral savepoint of the live state (stop-with-savepoint)."""
-        savepoint = Savepoint(self.savepoint_dir, self.job_id)  # type: ignore[arg-type]
+        savepoint = Savepoint(self.savepoint_dir, self.job_id,  # type: ignore[arg-type]
+                              getattr(self.storage, "storage_options", None),
+                              getattr(self.storage, "retry", None))
         threshold = getattr(self.storage, "get_min_file_size_threshold", lambda: 20 * 1024)()
         handles = {
             task.name: task.backend.snapshot(
