@@ -1,0 +1,151 @@
+"""Versioned partition stores: the state of one (query, operator, partition) per micro-batch.
+
+Version ``N`` is the state after batch ``N``.  A task of batch ``N`` opens the newest durable
+version before ``N``; it reuses the copy this process holds only when the durable metadata of that
+version names the very attempt that produced the local copy (DESIGN.md rule 2), and restores
+from checkpoint storage otherwise.  ``commit`` makes version ``N`` durable, recording which
+attempt wrote it (rule 1); a retried or speculative attempt that commits ``N`` again replaces the
+metadata atomically, and its files never share a name with another attempt's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from statekit.backends.base import KeyedStateBackend, StateBackend
+from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
+from statekit.errors import CheckpointNotFoundError, StatekitError
+from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
+from statekit.serde.types import TypeSerializer
+
+log = logging.getLogger("statekit.partition")
+
+DEFAULT_VERSIONS_RETAINED = 10
+
+
+@dataclass
+class _Local:
+    version: int
+    attempt: str
+    backend: KeyedStateBackend
+
+
+_LOCAL: dict[tuple[str, str, int], _Local] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def new_attempt_token(*parts: Any) -> str:
+    """A token unique to one task attempt (Spark's ids are not unique across applications)."""
+    return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:12]
+
+
+class PartitionStore:
+    """Opens, commits and retains the versions of one partition's keyed state."""
+
+    def __init__(self, backend: StateBackend, storage: CheckpointStorage, query_id: str,
+                 operator_id: str, partition: int, key_serializer: TypeSerializer,
+                 max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+                 versions_retained: int = DEFAULT_VERSIONS_RETAINED) -> None:
+        self.backend_factory = backend
+        self.query_id = query_id
+        self.operator_id = operator_id
+        self.partition = partition
+        self.key_serializer = key_serializer
+        self.max_parallelism = max_parallelism
+        self.versions_retained = max(2, versions_retained)
+        self.access: CheckpointStorageAccess = storage.create_access(
+            f"{query_id}/{operator_id}/p{partition:05d}")
+        self._slot = (query_id, operator_id, partition)
+        self.batch: int | None = None
+        self.attempt: str | None = None
+        self.backend: KeyedStateBackend | None = None
+        self.restored_from: int | None = None
+        self.reused = False
+
+    # --- open -----------------------------------------------------------------------------------
+
+    def open(self, batch_id: int, attempt: str) -> KeyedStateBackend:
+        """The keyed backend holding the newest durable version before ``batch_id``."""
+        self.batch, self.attempt = batch_id, attempt
+        base = max((v for v in self.access.completed() if v < batch_id), default=None)
+        with _LOCAL_LOCK:
+            local = _LOCAL.pop(self._slot, None)
+        if local is not None and base is not None and local.version == base:
+            try:
+                durable_attempt = self.access.load(base).get("attempt")
+            except (CheckpointNotFoundError, StatekitError):
+                durable_attempt = None
+            if durable_attempt == local.attempt:
+                self.backend, self.reused, self.restored_from = local.backend, True, base
+                return local.backend
+        if local is not None:
+            local.backend.dispose()
+        backend = self.backend_factory.create_keyed_state_backend(
+            key_serializer=self.key_serializer,
+            key_group_range=KeyGroupRange.all(self.max_parallelism),
+            max_parallelism=self.max_parallelism, operator_id=self.operator_id,
+        )
+        if base is not None:
+            try:
+                handles = list(self.access.load(base)["tasks"].values())
+                backend.restore(handles, self.access.reader())
+            except BaseException:
+                backend.dispose()
+                raise
+        self.backend, self.reused, self.restored_from = backend, False, base
+        return backend
+
+    # --- commit / abort -----------------------------------------------------------------------
+
+    def commit(self, extra: dict[str, Any] | None = None) -> str:
+        """Make the state durable as version ``batch_id``; keep the backend for the next batch."""
+        if self.backend is None or self.batch is None:
+            raise StatekitError("commit() without open()")
+        start = time.perf_counter()
+        streams = self.access.streams(self.batch, f"p{self.partition}-{uuid.uuid4().hex[:8]}")
+        handle = self.backend.snapshot(self.batch, streams).run()
+        body = {
+            "tasks": {"partition": handle}, "attempt": self.attempt, "batch": self.batch,
+            "partition": self.partition, "query_id": self.query_id,
+            "operator_id": self.operator_id, "max_parallelism": self.max_parallelism,
+            "timestamp": int(time.time() * 1000), **(extra or {}),
+        }
+        path = self.access.commit(self.batch, body)
+        self.backend.notify_checkpoint_complete(self.batch)
+        with _LOCAL_LOCK:
+            previous = _LOCAL.pop(self._slot, None)
+            _LOCAL[self._slot] = _Local(self.batch, self.attempt or "", self.backend)
+        if previous is not None and previous.backend is not self.backend:
+            previous.backend.dispose()
+        self._retire_old_versions()
+        log.info("committed %s version %d (%d bytes, %.1f ms, %s)", self.access.location,
+                 self.batch, streams.bytes_written, (time.perf_counter() - start) * 1000,
+                 "reused local state" if self.reused else f"restored from {self.restored_from}")
+        self.backend = None
+        return path
+
+    def abort(self) -> None:
+        """Drop the local state of an attempt that will not commit (it is never reused)."""
+        if self.backend is not None:
+            self.backend.dispose()
+            self.backend = None
+
+    def _retire_old_versions(self) -> None:
+        versions = self.access.completed()
+        keep = versions[-self.versions_retained:]
+        for old in versions[: -self.versions_retained]:
+            self.access.discard(old, keep)
+
+
+def drop_local_state() -> None:
+    """Dispose every partition state this process holds (tests, worker shutdown)."""
+    with _LOCAL_LOCK:
+        locals_ = list(_LOCAL.values())
+        _LOCAL.clear()
+    for local in locals_:
+        local.backend.dispose()

@@ -1,0 +1,106 @@
+"""Versioned partition stores: reuse only the committed lineage, restore otherwise (DESIGN rules 1, 2)."""
+
+import pytest
+
+from statekit import HashMapStateBackend, Types, ValueStateDescriptor
+from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.runtime import partition as partition_module
+from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token
+from statekit.serde.types import GenericSerializer
+
+COUNT = ValueStateDescriptor("count", Types.LONG())
+
+
+@pytest.fixture(params=["jobmanager", "filesystem"])
+def storage(request, tmp_path):
+    drop_local_state()
+    yield (JobManagerCheckpointStorage() if request.param == "jobmanager"
+           else FileSystemCheckpointStorage(str(tmp_path)))
+    drop_local_state()
+
+
+def store(storage, partition=0, retained=3):
+    return PartitionStore(HashMapStateBackend(), storage, "query", "op", partition,
+                          GenericSerializer(), versions_retained=retained)
+
+
+def run_batch(storage, batch, keys, commit=True, attempt=None):
+    s = store(storage)
+    backend = s.open(batch, attempt or new_attempt_token(batch, 0))
+    for k in keys:
+        backend.set_current_key(k)
+        state = backend.get_partitioned_state(COUNT)
+        state.update((state.value() or 0) + 1)
+    if commit:
+        s.commit()
+    else:
+        s.abort()
+    return s
+
+
+def read(storage, batch, key):
+    s = store(storage)
+    backend = s.open(batch, new_attempt_token("read"))
+    backend.set_current_key(key)
+    value = backend.get_partitioned_state(COUNT).value()
+    s.abort()
+    return value
+
+
+def test_versions_chain_and_reuse_local_state(storage):
+    assert not run_batch(storage, 0, ["a", "b"]).reused
+    s = run_batch(storage, 1, ["a"])
+    assert s.reused and s.restored_from == 0
+    assert read(storage, 2, "a") == 2 and read(storage, 2, "b") == 1
+
+
+def test_retry_of_a_batch_restores_the_previous_version(storage):
+    run_batch(storage, 0, ["a"])
+    run_batch(storage, 1, ["a"])            # attempt 0 of batch 1 commits version 1 ...
+    s = run_batch(storage, 1, ["a"])        # ... and the retry of batch 1 must not build on it
+    assert not s.reused and s.restored_from == 0
+    assert read(storage, 2, "a") == 2
+
+
+def test_failed_attempt_is_never_reused(storage):
+    run_batch(storage, 0, ["a"])
+    run_batch(storage, 1, ["a"], commit=False)   # task failed mid-partition
+    run_batch(storage, 1, ["a"])
+    assert read(storage, 2, "a") == 2
+
+
+def test_other_process_committed_the_version(storage):
+    run_batch(storage, 0, ["a"])
+    # another worker process wrote version 1: simulate by overwriting the durable attempt
+    other = store(storage)
+    backend = other.open(1, new_attempt_token("other-process"))
+    backend.set_current_key("a")
+    backend.get_partitioned_state(COUNT).update(41)
+    other.commit()
+    drop_local_state()  # this process never held version 1
+    s = run_batch(storage, 2, ["a"])
+    assert not s.reused and read(storage, 3, "a") == 42
+
+
+def test_speculative_duplicate_commit_leaves_one_version(storage):
+    run_batch(storage, 0, ["a"])
+    first = run_batch(storage, 1, ["a"])        # cached locally with its attempt token
+    loser_cache = dict(partition_module._LOCAL)
+    # a speculative attempt of batch 1 in another process commits last and wins
+    twin = store(storage)
+    twin_backend = twin.open(1, new_attempt_token("speculative"))
+    twin_backend.set_current_key("a")
+    twin_backend.get_partitioned_state(COUNT).update(100)
+    twin.commit()
+    partition_module._LOCAL.clear()
+    partition_module._LOCAL.update(loser_cache)  # this process still holds the loser's copy
+    assert first.access.load(1)["attempt"] != first.attempt
+    s = run_batch(storage, 2, ["a"])  # must restore the winner's version, not reuse the loser's
+    assert not s.reused and read(storage, 3, "a") == 101
+
+
+def test_old_versions_are_retired(storage):
+    for batch in range(6):
+        s = run_batch(storage, batch, ["a"])
+    assert s.access.completed() == [3, 4, 5]
+    assert read(storage, 6, "a") == 6
