@@ -116,3 +116,15 @@ class FlatMapFunction(Function, ABC):
 
     @abstractmethod
     def flat_map(self, value: Any) -> Iterable[Any] | None: ...
+
+
+class VectorizedKeyedFunction(Function, ABC):
+    """Processes many rows at once with bulk state access (the fast path of the Spark adapters).
+
+    ``process_batch`` gets a pandas DataFrame (all rows of a micro-batch partition, or of one key
+    where the engine groups by key) and a :class:`~statekit.state.bulk.BulkState`, and returns
+    the output rows as a DataFrame (or None).
+    """
+
+    @abstractmethod
+    def process_batch(self, rows: Any, state: Any) -> Any: ...

@@ -1,0 +1,256 @@
+"""JobManager checkpoint storage on Spark: checkpoints held in the driver's memory.
+
+A small HTTP server in the driver process (bound to the driver host, loopback in local mode)
+keeps the blobs; executors reach it through :class:`RemoteBlobStore`, authenticated by a secret
+created per query definition.  Flink's limits apply: each state under ``max_state_size`` (checked
+when it is written) and each request under the 10 MiB "RPC frame" (checked by the server).
+Checkpoints survive any worker process, and end with the driver, like a JobManager's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.client
+import os
+import secrets
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from statekit.checkpoint.storage import (
+    _INLINE_ALL,
+    CheckpointStorage,
+    CheckpointStorageAccess,
+    JobManagerCheckpointStorage,
+)
+from statekit.checkpoint.store import BlobStore, MemoryBlobStore, check_key
+from statekit.errors import (
+    CheckpointNotFoundError,
+    CheckpointStorageError,
+    StateSizeError,
+    UnsafePathError,
+)
+
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
+_TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
+
+
+class JobManagerServer:
+    """The driver-side blob server (one per driver process, many query secrets)."""
+
+    _instance: JobManagerServer | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, host: str = "127.0.0.1", max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+        self.store = MemoryBlobStore()
+        self.max_request_bytes = max_request_bytes
+        self._secrets: set[str] = set()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                return
+
+            def _auth(self) -> bool:
+                token = self.headers.get(_TOKEN_HEADER, "")
+                if not any(hmac.compare_digest(token, s) for s in list(server._secrets)):
+                    self._reply(403, b"bad token")
+                    return False
+                return True
+
+            def _key(self) -> str | None:
+                path = urllib.parse.urlparse(self.path)
+                try:
+                    return check_key(urllib.parse.unquote(path.path[len("/b/"):]))
+                except UnsafePathError:
+                    self._reply(400, b"unsafe key")
+                    return None
+
+            def _reply(self, code: int, body: bytes = b"") -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_PUT(self) -> None:
+                if not self._auth():
+                    return
+                length = int(self.headers.get("Content-Length", "0"))
+                if length > server.max_request_bytes:
+                    self._reply(413, f"{length} bytes exceed the JobManager frame limit of "
+                                     f"{server.max_request_bytes} bytes".encode())
+                    self.rfile.read(length)
+                    return
+                key = self._key()
+                data = self.rfile.read(length)
+                if key is not None:
+                    server.store.put(key, data)
+                    self._reply(204)
+
+            def do_GET(self) -> None:
+                if not self._auth():
+                    return
+                parsed = urllib.parse.urlparse(self.path)
+                if parsed.path == "/list":
+                    prefix = urllib.parse.parse_qs(parsed.query).get("prefix", [""])[0]
+                    self._reply(200, "\n".join(server.store.list(prefix)).encode())
+                    return
+                key = self._key()
+                if key is None:
+                    return
+                try:
+                    data = server.store.get(key)
+                except CheckpointNotFoundError:
+                    self._reply(404)
+                    return
+                rng = self.headers.get("Range")
+                if rng and rng.startswith("bytes="):
+                    start, _, end = rng[6:].partition("-")
+                    data = data[int(start): int(end) + 1 if end else None]
+                self._reply(200, data)
+
+            def do_HEAD(self) -> None:
+                if not self._auth():
+                    return
+                key = self._key()
+                if key is not None:
+                    self._reply(200 if server.store.exists(key) else 404)
+
+            def do_DELETE(self) -> None:
+                if not self._auth():
+                    return
+                key = self._key()
+                if key is not None:
+                    server.store.delete(key)
+                    self._reply(204)
+
+        self._httpd = ThreadingHTTPServer((host, 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://{host}:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="statekit-jobmanager",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def get(cls) -> JobManagerServer:
+        """The server of this driver process, started on first use."""
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = JobManagerServer()
+            return cls._instance
+
+    def new_secret(self) -> str:
+        secret = secrets.token_urlsafe(24)
+        self._secrets.add(secret)
+        return secret
+
+    def shutdown(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class RemoteBlobStore(BlobStore):
+    """A :class:`BlobStore` in the driver's memory, reached over HTTP from executors."""
+
+    def __init__(self, url: str, secret: str, namespace: str) -> None:
+        parsed = urllib.parse.urlparse(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self.secret = secret
+        self.namespace = check_key(namespace)
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def describe(self) -> str:
+        return f"jobmanager://{self.namespace}"
+
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        for attempt in range(2):  # one reconnect: a pooled connection may have gone stale
+            conn = getattr(self._local, "conn", None)
+            if conn is None or getattr(self._local, "pid", None) != os.getpid():
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+                self._local.conn, self._local.pid = conn, os.getpid()
+            try:
+                conn.request(method, path, body=body,
+                             headers={_TOKEN_HEADER: self.secret, **(headers or {})})
+                response = conn.getresponse()
+                return response.status, response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise CheckpointStorageError(f"JobManager storage unreachable: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _path(self, key: str) -> str:
+        return "/b/" + urllib.parse.quote(f"{self.namespace}/{check_key(key)}")
+
+    def put(self, key: str, data: bytes) -> None:
+        status, body = self._request("PUT", self._path(key), bytes(data))
+        if status == 413:
+            raise StateSizeError(body.decode())
+        if status != 204:
+            raise CheckpointStorageError(f"JobManager storage refused {key}: {status} {body!r}")
+
+    def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
+        headers = {}
+        if start is not None:
+            end = "" if length is None else str(start + length - 1)
+            headers["Range"] = f"bytes={start}-{end}"
+        status, body = self._request("GET", self._path(key), headers=headers)
+        if status == 404:
+            raise CheckpointNotFoundError(f"no blob {key!r} in JobManager storage")
+        if status != 200:
+            raise CheckpointStorageError(f"JobManager storage: {status} {body!r}")
+        return body
+
+    def exists(self, key: str) -> bool:
+        return self._request("HEAD", self._path(key))[0] == 200
+
+    def delete(self, key: str) -> None:
+        self._request("DELETE", self._path(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = f"{self.namespace}/{prefix}"
+        status, body = self._request("GET", "/list?" + urllib.parse.urlencode({"prefix": full}))
+        if status != 200:
+            raise CheckpointStorageError(f"JobManager storage: {status} {body!r}")
+        strip = len(self.namespace) + 1
+        return [k[strip:] for k in body.decode().split("\n") if k]
+
+
+class DriverCheckpointStorage(CheckpointStorage):
+    """JobManager checkpoint storage whose memory is the Spark driver's (picklable to executors)."""
+
+    name = "jobmanager"
+
+    def __init__(self, url: str, secret: str, max_state_size: int) -> None:
+        self.url = url
+        self.secret = secret
+        self.max_state_size = max_state_size
+
+    @classmethod
+    def start(cls, storage: JobManagerCheckpointStorage) -> DriverCheckpointStorage:
+        server = JobManagerServer.get()
+        return cls(server.url, server.new_secret(), storage.get_max_state_size())
+
+    def get_max_state_size(self) -> int:
+        return self.max_state_size
+
+    def get_savepoint_path(self) -> str | None:
+        return None
+
+    def create_access(self, job_id: str) -> CheckpointStorageAccess:
+        store = RemoteBlobStore(self.url, self.secret, job_id)
+        return CheckpointStorageAccess(store, f"jobmanager://{job_id}", _INLINE_ALL,
+                                       self.max_state_size)
