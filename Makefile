@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo demo-local test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	touch $(STAMP)
 
-demo: $(STAMP)  ## the main job
+demo: $(STAMP)  ## the main job: a Structured Streaming query on local Spark with RocksDB state
+	$(PY) -m statekit.demo.spark_demo
+
+demo-local: $(STAMP)  ## the same kind of job on the local runner (no Spark)
 	$(PY) -m statekit.demo.local_demo
 
 test: $(STAMP)  ## the default test run (heavier tests are marked slow)

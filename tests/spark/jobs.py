@@ -1,0 +1,126 @@
+"""Shared pieces of the Spark end-to-end tests: input files, functions, runs, checks."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
+from statekit.runtime.functions import VectorizedKeyedFunction
+from statekit.spark import foreach_batch, transform_with_state
+
+OUTPUT = "key string, c long, t long"
+
+
+def write_inputs(directory: str, first: int, count: int, rows: int = 600, keys: int = 40) -> pd.DataFrame:
+    """Parquet files ``first..first+count-1`` (one micro-batch each); the rows as pandas."""
+    os.makedirs(directory, exist_ok=True)
+    frames = []
+    for i in range(first, first + count):
+        rng = np.random.default_rng(i)
+        df = pd.DataFrame({"key": [f"k{x:03d}" for x in rng.integers(0, keys, rows)],
+                           "v": rng.integers(0, 100, rows).astype("int64")})
+        path = f"{directory}/part-{i:04d}.parquet"
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path)
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+class RunningCount(KeyedProcessFunction):
+    """Per-key running count and sum; fails once mid-partition in (batch 1, partition 0, attempt 0)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def open(self, ctx):
+        self.c = ctx.get_state(ValueStateDescriptor("c", Types.LONG()))
+        self.t = ctx.get_state(ValueStateDescriptor("t", Types.LONG()))
+        self.inject = (self.fail and ctx.get_job_parameter("batch_id") == 1
+                       and ctx.get_job_parameter("partition") == 0 and ctx.get_attempt_number() == 0)
+        self.seen = 0
+
+    def process_element(self, row, ctx):
+        self.seen += 1
+        if self.inject and self.seen == 50:
+            raise RuntimeError("injected task failure mid-partition")
+        c = (self.c.value() or 0) + 1
+        t = (self.t.value() or 0) + row[1]
+        self.c.update(c)
+        self.t.update(t)
+        yield ctx.get_current_key(), c, t
+
+
+class VectorCount(VectorizedKeyedFunction):
+    """The same aggregate, one call per batch with bulk state access."""
+
+    def open(self, ctx):
+        self.c = ValueStateDescriptor("c", Types.LONG())
+        self.t = ValueStateDescriptor("t", Types.LONG())
+
+    def process_batch(self, rows, state):
+        agg = rows.groupby("key", sort=False)["v"].agg(["size", "sum"])
+        keys = list(agg.index)
+        counts = [(p or 0) + int(n) for p, n in zip(state.get(self.c, keys), agg["size"], strict=True)]
+        totals = [(p or 0) + int(s) for p, s in zip(state.get(self.t, keys), agg["sum"], strict=True)]
+        state.put(self.c, keys, counts)
+        state.put(self.t, keys, totals)
+        return pd.DataFrame({"key": keys, "c": counts, "t": totals})
+
+
+class Outputs:
+    """A foreachBatch sink keeping each batch's rows by batch id (a re-run batch replaces its rows),
+    failing once after batch ``fail_batch`` was processed, like a driver dying before Spark commits."""
+
+    def __init__(self, fail_batch: int | None = None) -> None:
+        self.by_batch: dict[int, list] = {}
+        self.fail_batch = fail_batch
+
+    def __call__(self, df, batch_id):
+        self.by_batch[batch_id] = [tuple(r) for r in df.collect()]
+        if batch_id == self.fail_batch:
+            self.fail_batch = None
+            raise RuntimeError("sink failed after the state was committed")
+
+    def final(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for rows in self.by_batch.values():
+            for k, c, t in rows:
+                if c > out.get(k, (0, 0))[0]:
+                    out[k] = (c, t)
+        return out
+
+
+def expected(frame: pd.DataFrame) -> dict[str, tuple[int, int]]:
+    g = frame.groupby("key")["v"].agg(["size", "sum"])
+    return {k: (int(r["size"]), int(r["sum"])) for k, r in g.iterrows()}
+
+
+def start(spark, adapter: str, function, input_dir: str, checkpoint: str, sink: Outputs,
+          conf: dict | None = None):
+    """Start an availableNow query over the input files through one adapter."""
+    source = spark.readStream.schema("key string, v long").option("maxFilesPerTrigger", 1).parquet(input_dir)
+    if adapter == "foreach_batch":
+        writer = source.writeStream.foreachBatch(
+            foreach_batch(function, "key", OUTPUT, sink, num_partitions=2, conf=conf))
+    else:
+        writer = transform_with_state(source.groupBy("key"), function, OUTPUT, conf=conf
+                                      ).writeStream.foreachBatch(sink).outputMode("update")
+    return writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+
+
+def run_until_done(spark, adapter, function, input_dir, checkpoint, sink, conf=None, restarts=2):
+    """Run the query to the end of its input, restarting it after a failure (as an operator would)."""
+    for _ in range(restarts + 1):
+        query = start(spark, adapter, function, input_dir, checkpoint, sink, conf)
+        try:
+            query.awaitTermination()
+            return
+        except Exception as exc:  # the sink's injected failure: restart from the checkpoint
+            if "sink failed" not in str(exc):
+                raise
+    raise AssertionError("query did not finish")

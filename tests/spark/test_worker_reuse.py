@@ -1,0 +1,30 @@
+"""Exactly-once with ``spark.python.worker.reuse=false``: every task is a fresh Python process,
+so no partition state is ever reused locally and each batch restores from checkpoint storage."""
+
+import pytest
+
+from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark_no_reuse(spark):
+    from statekit.spark import local_spark
+
+    spark.stop()
+    session = local_spark(master="local[2,3]", app_name="statekit-no-reuse",
+                          conf={"spark.python.worker.reuse": "false"})
+    yield session
+    session.stop()
+
+
+@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])
+def test_no_worker_reuse(spark_no_reuse, tmp_path, adapter):
+    frame = write_inputs(str(tmp_path / "in"), 0, 3)
+    sink = Outputs(fail_batch=1)
+    run_until_done(spark_no_reuse, adapter, RunningCount(fail=True), str(tmp_path / "in"),
+                   str(tmp_path / "q"), sink,
+                   {"state.backend.type": "rocksdb", "state.checkpoints.dir": str(tmp_path / "s")})
+    assert sink.final() == expected(frame)
+    assert sum(len(r) for r in sink.by_batch.values()) == len(frame)
