@@ -241,7 +241,11 @@ def measure(
                 env = _profiles.subprocess_env(prof, d, stats_path=stats)
                 kw = {}
             t = time.perf_counter()
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+            try:
+                proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+            finally:
+                if "IODELAY_SHM" in env:
+                    _profiles.remove_device_state(env["IODELAY_SHM"])
             wall = time.perf_counter() - t
             if proc.returncode != 0:
                 raise RuntimeError(f"probe worker for {prof.name} failed:\n{proc.stderr}")
@@ -276,6 +280,19 @@ class _nullctx:
 
     def __exit__(self, *a):
         return False
+
+
+def _median_of(runs: list[dict]) -> dict:
+    """Per-metric median over repeated runs (noisy shared machines)."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[-1])
+    for k, v in runs[-1].items():
+        if isinstance(v, float) and all(isinstance(r.get(k), float) for r in runs):
+            out[k] = statistics.median(r[k] for r in runs)
+    out["repeats"] = len(runs)
+    out["runs"] = [{k: v for k, v in r.items() if isinstance(v, (int, float))} for r in runs]
+    return out
 
 
 def format_table(results: list[dict]) -> str:
@@ -334,6 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size-mb", type=int, default=64, help="sequential file size (default 64)")
     ap.add_argument("--budget", type=float, default=1.5, help="seconds per latency/gets loop (default 1.5)")
     ap.add_argument("--no-rocksdb", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per profile; report per-metric medians")
     ap.add_argument("--loop", action="store_true", help="also measure the blkio loop-device variant")
     ap.add_argument("--dir", help="base directory for the probe files (default: a temp dir)")
     ap.add_argument(
@@ -348,22 +366,26 @@ def main(argv=None) -> int:
         print(json.dumps(res))
         return 0
 
-    results = []
-    for name in [x for x in a.profiles.split(",") if x]:
-        r = measure(name, a.dir, size_mb=a.size_mb, budget=a.budget, rocksdb=not a.no_rocksdb)
-        results.append(r)
-        print(f"  {name}: done in {r['wall_s']:.1f} s", file=sys.stderr)
+    names = [x for x in a.profiles.split(",") if x]
+    jobs = [(n, False) for n in names]
     if a.loop:
         ok, why = _profiles.loop_device_supported()
-        if not ok:
-            print(f"  loop-device variant skipped: {why}", file=sys.stderr)
+        if ok:
+            jobs += [(n, True) for n in names if _profiles.get_profile(n).uses_shim]
         else:
-            for name in [x for x in a.profiles.split(",") if x and _profiles.get_profile(x).uses_shim]:
-                r = measure(
-                    name, a.dir, size_mb=a.size_mb, budget=a.budget, rocksdb=not a.no_rocksdb, loop=True
-                )
-                results.append(r)
-                print(f"  {name}+loop: done in {r['wall_s']:.1f} s", file=sys.stderr)
+            print(f"  loop-device variant skipped: {why}", file=sys.stderr)
+    results = []
+    for name, loop in jobs:
+        runs = []
+        for _ in range(max(1, a.repeat)):
+            runs.append(
+                measure(name, a.dir, size_mb=a.size_mb, budget=a.budget, rocksdb=not a.no_rocksdb, loop=loop)
+            )
+        r = _median_of(runs)
+        results.append(r)
+        print(
+            f"  {r['profile']}: {len(runs)} run(s), {sum(x['wall_s'] for x in runs):.1f} s", file=sys.stderr
+        )
     print(format_table(results))
     if a.json:
         meta = {
@@ -373,6 +395,8 @@ def main(argv=None) -> int:
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "size_mb": a.size_mb,
             "budget_s": a.budget,
+            "repeat": a.repeat,
+            "loadavg": os.getloadavg(),
         }
         Path(a.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
         print(f"\nwrote {a.json}", file=sys.stderr)

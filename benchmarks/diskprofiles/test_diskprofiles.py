@@ -112,7 +112,11 @@ def test_shim_covers_python_io(tmp_path):
         name="test", read_lat_us=1, write_lat_us=1, fsync_lat_us=1, read_mbps=0, write_mbps=0
     )
     env = profiles.subprocess_env(fast, inside, stats_path=stats)
-    subprocess.run([sys.executable, "-c", COVERAGE_SCRIPT, str(inside), str(outside)], env=env, check=True)
+    argv = [sys.executable, "-c", COVERAGE_SCRIPT, str(inside), str(outside)]
+    try:
+        subprocess.run(argv, env=env, check=True)
+    finally:
+        profiles.remove_device_state(env["IODELAY_SHM"])
     (s,) = [json.loads(x) for x in stats.read_text().splitlines()]
     assert s["opens"] == 5  # open(wb), os.open, open(rb), sendfile src, reuse probe
     assert s["write_ops"] == 3 and s["write_bytes"] == 10000 + 100 + 20  # writev overwrites at 0

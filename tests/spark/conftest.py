@@ -1,15 +1,35 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from statekit.runtime.partition import drop_local_state
 
+# Spark's Python workers unpickle the test functions by module name: let them import ``tests``.
+_ROOT = str(Path(__file__).resolve().parents[2])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 
-@pytest.fixture(scope="package")
-def spark():
+
+def session(**conf):
+    """A local[2,3] session (task retries allowed) with ``conf``, replacing one with other settings."""
+    from pyspark.sql import SparkSession
+
     from statekit.spark import local_spark
 
-    session = local_spark(master="local[2,3]", app_name="statekit-tests")
-    yield session
-    session.stop()
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        current = dict(active.sparkContext.getConf().getAll())
+        if all(current.get(k) == str(v) for k, v in conf.items()) and \
+                current.get("spark.python.worker.reuse", "true") == conf.get("spark.python.worker.reuse", "true"):
+            return active
+        active.stop()
+    return local_spark(master="local[2,3]", app_name="statekit-tests", conf=conf)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    yield session()
 
 
 @pytest.fixture(autouse=True)

@@ -3,20 +3,15 @@ so no partition state is ever reused locally and each batch restores from checkp
 
 import pytest
 
+from tests.spark.conftest import session
 from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def spark_no_reuse(spark):
-    from statekit.spark import local_spark
-
-    spark.stop()
-    session = local_spark(master="local[2,3]", app_name="statekit-no-reuse",
-                          conf={"spark.python.worker.reuse": "false"})
-    yield session
-    session.stop()
+def spark_no_reuse():
+    yield session(**{"spark.python.worker.reuse": "false"})
 
 
 @pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])

@@ -38,6 +38,7 @@ from statekit.state.descriptors import (
     StateDescriptor,
     StateKind,
 )
+from statekit.state.limits import DEFAULT_MAX_SIZE, limit_state
 
 if TYPE_CHECKING:
     from statekit.checkpoint.storage import CheckpointStorage
@@ -144,6 +145,19 @@ class KeyedStateBackend(ABC):
         self._states: dict[str, tuple[StateDescriptor, State]] = {}
         self._restored_layouts: dict[str, list[Any]] = {}
 
+    #: size limits in serialized bytes (see :mod:`statekit.state.limits`); lower them with
+    #: :meth:`set_size_limits` or the keys ``state.backend.max-key-size`` / ``max-value-size``
+    max_key_size: int = DEFAULT_MAX_SIZE
+    max_value_size: int = DEFAULT_MAX_SIZE
+
+    def set_size_limits(self, max_key_size: int | None = None, max_value_size: int | None = None
+                        ) -> None:
+        """Limit serialized keys and values of states registered from now on."""
+        if max_key_size is not None:
+            self.max_key_size = int(max_key_size)
+        if max_value_size is not None:
+            self.max_value_size = int(max_value_size)
+
     # --- keys -----------------------------------------------------------------------------------
 
     def set_current_key(self, key: Any) -> None:
@@ -177,7 +191,7 @@ class KeyedStateBackend(ABC):
             return state
         self._check_restored_layout(descriptor)
         meta = self.state_meta(descriptor)
-        state = self._wrap(descriptor, self._create_state(meta), meta)
+        state = self._wrap(descriptor, limit_state(self._create_state(meta), meta, self), meta)
         self._states[descriptor.name] = (descriptor, state)
         return state
 

@@ -29,10 +29,9 @@ from statekit.backends.base import (
     kv_handle,
     read_kv_entry,
     read_kv_states,
-    write_kv_state,
 )
 from statekit.checkpoint.streams import CheckpointStreams, StateReader
-from statekit.errors import ConfigError, CorruptCheckpointError, StateError
+from statekit.errors import CheckpointError, ConfigError, CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.types import TypeSerializer, packb
 from statekit.state.api import ListState, MapState, State, ValueState, check_value
@@ -200,12 +199,19 @@ class HeapListState(_HeapState, ListState):
 
 
 class HeapMapState(_HeapState, MapState):
-    __slots__ = ("_ukey",)
+    __slots__ = ("_shared_reads", "_ukey")
 
     def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
         super().__init__(backend, table, element)
         self._ukey = user_key
+        # immutable map values may be handed out without copy-on-write or dirty marking
+        self._shared_reads = bool(getattr(element, "immutable", False))
+
+    def _read(self, key: Any) -> dict[Any, Any] | None:
+        if self._shared_reads:
+            return self._t.data.get(key)
+        return self._live(key)
 
     def _live(self, key: Any) -> dict[Any, Any] | None:
         table = self._t
@@ -217,7 +223,7 @@ class HeapMapState(_HeapState, MapState):
         return m
 
     def get(self, key: Any) -> Any:
-        m = self._live(self._key())
+        m = self._read(self._key())
         return None if m is None else m.get(key)
 
     def put(self, key: Any, value: Any) -> None:
@@ -248,7 +254,7 @@ class HeapMapState(_HeapState, MapState):
         return m is not None and key in m
 
     def items(self) -> list[tuple[Any, Any]]:
-        m = self._live(self._key())
+        m = self._read(self._key())
         return [] if m is None else list(m.items())
 
     def keys(self) -> list[Any]:
@@ -256,7 +262,7 @@ class HeapMapState(_HeapState, MapState):
         return [] if m is None else list(m)
 
     def values(self) -> list[Any]:
-        m = self._live(self._key())
+        m = self._read(self._key())
         return [] if m is None else list(m.values())
 
     def is_empty(self) -> bool:
@@ -285,6 +291,9 @@ class _Pacer:
 
 
 _SLICE = 2048  # entries serialized between two pacing pauses
+# incremental attempts neither confirmed nor aborted that are tracked; older ones are folded back
+# into the dirty sets (and can no longer become a base) so a caller that never notifies leaks nothing
+_MAX_UNCONFIRMED = 16
 
 
 def _group_view(view: dict[Any, Any], meta: StateMeta, max_parallelism: int,
@@ -316,13 +325,10 @@ def _group_view(view: dict[Any, Any], meta: StateMeta, max_parallelism: int,
     return data
 
 
-def _write_changelog(streams: CheckpointStreams, meta: StateMeta, view: dict[Any, Any],
-                     keys: Iterable[Any], max_parallelism: int,
-                     pace: Callable[[], None] | None) -> dict[str, Any] | None:
-    """One state's changes as a key-grouped, indexed shared file: per key group ``[puts' keys,
-    puts' values, removed keys]``.  None when nothing changed."""
-    import zlib
-
+def _changelog_blob(meta: StateMeta, view: dict[Any, Any], keys: Iterable[Any], max_parallelism: int,
+                    pace: Callable[[], None] | None) -> tuple[dict[int, list[int]], bytes] | None:
+    """One state's changes, key-grouped and indexed: per key group ``[puts' keys, puts' values,
+    removed keys]``.  None when nothing changed."""
     key_ser = meta.key_serializer.serialize
     val_ser = meta.stored_serializer.serialize
     drop = meta.ttl.drop_expired if meta.ttl is not None and meta.ttl.cleanup_full_snapshot else None
@@ -346,6 +352,13 @@ def _write_changelog(streams: CheckpointStreams, meta: StateMeta, view: dict[Any
             chunk[1].append(val_ser(stored))
     if not chunks:
         return None
+    return _indexed_blob(chunks)
+
+
+def _indexed_blob(chunks: dict[int, Any]) -> tuple[dict[int, list[int]], bytes]:
+    """Pack key-group chunks into one blob with an index of ``[offset, length, crc]`` per group."""
+    import zlib
+
     parts: list[bytes] = []
     index: dict[int, list[int]] = {}
     offset = 0
@@ -354,8 +367,91 @@ def _write_changelog(streams: CheckpointStreams, meta: StateMeta, view: dict[Any
         index[kg] = [offset, len(blob), zlib.crc32(blob)]
         parts.append(blob)
         offset += len(blob)
-    handle = streams.write(b"".join(parts), state_name=meta.name, shared_name=f"{meta.name}-log")
-    return {"layout": meta.layout, "kind": meta.kind, "data": handle, "index": index}
+    return index, b"".join(parts)
+
+
+# one serialized state: (name, kind, layout, index, blob)
+_Part = tuple[str, str, list[Any], dict[int, list[int]], bytes]
+
+
+def _fork_serialize(produce: Callable[[], list[_Part]]) -> tuple[int, int]:
+    """Fork a child that runs ``produce`` on its frozen copy of memory and streams the result
+    into a pipe; returns ``(pid, read fd)``.  The parent never holds the GIL for serialization."""
+    import os
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            os.close(read_fd)
+            payload = packb([[n, k, lay, [[kg, *loc] for kg, loc in idx.items()], blob]
+                             for n, k, lay, idx, blob in produce()])
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(write_fd, view):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _fork_collect(pid: int, read_fd: int) -> list[_Part]:
+    """Read the child's serialized states and reap it."""
+    import os
+
+    from statekit.serde.types import unpackb
+
+    chunks = []
+    try:
+        while True:
+            data = os.read(read_fd, 1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(read_fd)
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise CheckpointError(f"the snapshot child process failed (wait status {status})")
+    return [(n, k, lay, {int(row[0]): list(row[1:]) for row in idx}, blob)
+            for n, k, lay, idx, blob in unpackb(b"".join(chunks))]
+
+
+def _fork_kill(pid: int, read_fd: int) -> None:
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.close(read_fd)
+    except OSError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+SNAPSHOT_MODES = ("thread", "fork")
+DEFAULT_SNAPSHOT_MODE = "thread"
+
+
+def _check_mode(mode: str, key: str = "state.backend.heap.snapshot-mode") -> str:
+    """``thread`` (copy-on-write view written by a transfer thread) or ``fork`` (a child process
+    serializes its frozen copy of memory); ``fork`` falls back to ``thread`` where unavailable."""
+    import os
+
+    mode = str(mode).strip().lower()
+    if mode not in SNAPSHOT_MODES:
+        raise ConfigError(key, f"expected one of {', '.join(SNAPSHOT_MODES)}, got {mode!r}")
+    if mode == "fork" and not hasattr(os, "fork"):
+        return "thread"
+    return mode
 
 
 def _entry_size(entry: dict[str, Any]) -> int:
@@ -363,7 +459,13 @@ def _entry_size(entry: dict[str, Any]) -> int:
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
-    """Working state of one partition as Python objects."""
+    """Working state of one partition as Python objects.
+
+    ``incremental``: checkpoints write changelogs over the last confirmed base;
+    ``materialization_interval`` / ``max_log_ratio``: when to write a new base;
+    ``pace_ratio``: how long the transfer thread sleeps per unit of work (GIL share, thread mode);
+    ``snapshot_mode``: ``thread`` (copy-on-write view) or ``fork`` (a child process serializes).
+    """
 
     backend_name = "hashmap"
 
@@ -371,7 +473,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  max_parallelism: int, clock: Callable[[], int] | None = None,
                  using_asynchronous_snapshots: bool = True, *, incremental: bool = False,
                  materialization_interval: int = 10, max_log_ratio: float = 0.5,
-                 pace_ratio: float = 1.0) -> None:
+                 pace_ratio: float = 1.0, snapshot_mode: str = "thread") -> None:
         super().__init__(key_serializer, key_group_range, max_parallelism, clock,
                          using_asynchronous_snapshots)
         self.tables: dict[str, HeapTable] = {}
@@ -381,6 +483,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.materialization_interval = materialization_interval
         self.max_log_ratio = max_log_ratio
         self.pace_ratio = pace_ratio
+        self.snapshot_mode = _check_mode(snapshot_mode)
         # the handle of the last confirmed (complete) incremental checkpoint: a valid base
         self._confirmed: dict[str, Any] | None = None
         # in-flight incremental attempts: dirty keys each captured, and its handle once written
@@ -413,10 +516,19 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, *,
                  savepoint: bool = False) -> SnapshotRun:
+        """Capture now (a dict copy per table with copy-on-write, or a fork), write later.
+
+        Full snapshots and savepoints are ``KV_FORMAT``; incremental checkpoints are
+        ``HEAP_CHANGELOG_FORMAT`` handles referencing a shared base and shared changelogs.
+        """
         start = time.perf_counter()
         asynchronous = self.asynchronous
+        use_fork = asynchronous and self.snapshot_mode == "fork"
         tables = list(self.tables.values())
-        views = [(t, t.capture()) for t in tables] if asynchronous else [(t, t.data) for t in tables]
+        if asynchronous and not use_fork:
+            views = [(t, t.capture()) for t in tables]
+        else:  # synchronous, or a forked child that sees memory frozen at fork time
+            views = [(t, t.data) for t in tables]
         restored = dict(self._restored)
         incremental = self.incremental and not savepoint
         materialize = True
@@ -432,41 +544,49 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                         keys |= attempt["dirty"].get(table.meta.name, set())
                     changed[table.meta.name] = keys
             self._attempts[checkpoint_id] = {"dirty": own, "handle": None}
-        pace = _Pacer(self.pace_ratio) if asynchronous and self.pace_ratio > 0 else None
+            while len(self._attempts) > _MAX_UNCONFIRMED:  # never notified: stop tracking it
+                self._fold_back(self._attempts.pop(min(self._attempts)))
+        maxp = self.max_parallelism
 
-        def write_full() -> dict[str, Any]:
-            states: dict[str, Any] = {}
-            for table, view in views:
-                data = _group_view(view, table.meta, self.max_parallelism, pace)
-                states[table.meta.name] = write_kv_state(streams, table.meta.name, data)
-            for name, data in restored.items():  # restored but not registered: carry over
-                states[name] = write_kv_state(streams, name, data)
-            return kv_handle(self, states)
-
-        def write_incremental() -> dict[str, Any]:
+        def produce(pace: Callable[[], None] | None) -> list[_Part]:
+            """Serialize what this snapshot writes (no I/O): full states or changelogs."""
+            out: list[_Part] = []
             if materialize:
-                states: dict[str, Any] = {}
                 for table, view in views:
-                    data = _group_view(view, table.meta, self.max_parallelism, pace)
-                    states[table.meta.name] = write_kv_state(
-                        streams, table.meta.name, data, shared_name=f"{table.meta.name}-base")
-                for name, data in restored.items():
-                    states[name] = write_kv_state(streams, name, data, shared_name=f"{name}-base")
-                logs: list[dict[str, Any]] = []
-                base_bytes = sum(_entry_size(e) for e in states.values())
-                log_bytes = 0
+                    meta = table.meta
+                    index, blob = _indexed_blob(_group_view(view, meta, maxp, pace).chunks)
+                    out.append((meta.name, meta.kind, meta.layout, index, blob))
+                for name, data in restored.items():  # restored but not registered: carry over
+                    index, blob = _indexed_blob(data.chunks)
+                    out.append((name, data.kind, data.meta_layout, index, blob))
+            else:
+                for table, view in views:
+                    meta = table.meta
+                    log = _changelog_blob(meta, view, changed[meta.name], maxp, pace)
+                    if log is not None:
+                        out.append((meta.name, meta.kind, meta.layout, log[0], log[1]))
+            return out
+
+        def finish(parts: list[_Part]) -> dict[str, Any]:
+            """Upload the serialized parts and build the task handle."""
+            suffix = "-base" if materialize else "-log"
+            entries = {
+                name: {"layout": layout, "kind": kind, "index": index,
+                       "data": streams.write(blob, state_name=name,
+                                             shared_name=name + suffix if incremental else None)}
+                for name, kind, layout, index, blob in parts
+            }
+            if not incremental:
+                return kv_handle(self, entries)
+            if materialize:
+                states, logs = entries, []
+                base_bytes, log_bytes = sum(_entry_size(e) for e in entries.values()), 0
             else:
                 assert base is not None
-                log: dict[str, Any] = {}
-                for table, view in views:
-                    entry = _write_changelog(streams, table.meta, view, changed[table.meta.name],
-                                             self.max_parallelism, pace)
-                    if entry is not None:
-                        log[table.meta.name] = entry
                 states = base["base"]
-                logs = [*base["logs"], log] if log else list(base["logs"])
+                logs = [*base["logs"], entries] if entries else list(base["logs"])
                 base_bytes = base["base_bytes"]
-                log_bytes = base["log_bytes"] + sum(_entry_size(e) for e in log.values())
+                log_bytes = base["log_bytes"] + sum(_entry_size(e) for e in entries.values())
             handle = {
                 "format": HEAP_CHANGELOG_FORMAT,
                 "backend": self.backend_name,
@@ -482,25 +602,42 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 attempt["handle"] = handle
             return handle
 
-        def write() -> dict[str, Any]:
-            try:
-                return write_incremental() if incremental else write_full()
-            finally:
-                release()
+        if not asynchronous:
+            handle = finish(produce(None))
+            return SnapshotRun(lambda: handle, time.perf_counter() - start)
+
+        if use_fork:
+            pid, fd = _fork_serialize(lambda: produce(None))
+            state = {"open": True}
+
+            def run_fork() -> dict[str, Any]:
+                state["open"] = False
+                return finish(_fork_collect(pid, fd))
+
+            def kill() -> None:
+                if state["open"]:
+                    state["open"] = False
+                    _fork_kill(pid, fd)
+
+            return SnapshotRun(run_fork, time.perf_counter() - start, cancel=kill)
 
         released = False
 
         def release() -> None:
             nonlocal released
-            if asynchronous and not released:
+            if not released:
                 released = True
                 for table, _ in views:
                     table.release()
 
-        if not asynchronous:
-            handle = write()
-            return SnapshotRun(lambda: handle, time.perf_counter() - start)
-        return SnapshotRun(write, time.perf_counter() - start, cancel=release)
+        def run_thread() -> dict[str, Any]:
+            try:
+                pace = _Pacer(self.pace_ratio) if self.pace_ratio > 0 else None
+                return finish(produce(pace))
+            finally:
+                release()
+
+        return SnapshotRun(run_thread, time.perf_counter() - start, cancel=release)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable: its handle becomes the base of later incremental ones."""
@@ -514,8 +651,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """The attempt will never complete: fold its dirty keys back so no change is lost."""
         attempt = self._attempts.pop(checkpoint_id, None)
-        if attempt is None:
-            return
+        if attempt is not None:
+            self._fold_back(attempt)
+
+    def _fold_back(self, attempt: dict[str, Any]) -> None:
         for name, keys in attempt["dirty"].items():
             table = self.tables.get(name)
             if table is not None and table.dirty is not None:
@@ -591,7 +730,8 @@ class HashMapStateBackend(StateBackend):
     checkpoint) and a full base every ``materialization_interval`` checkpoints or once the log
     exceeds ``max_log_ratio`` of the base.  Flat keys: ``state.backend.heap.incremental`` (or
     ``state.backend.incremental``), ``state.backend.heap.materialization-interval``,
-    ``state.backend.heap.max-log-ratio``, ``state.backend.async``.
+    ``state.backend.heap.max-log-ratio``, ``state.backend.heap.snapshot-mode`` (thread|fork),
+    ``state.backend.heap.snapshot-pace``, ``state.backend.async``.
     """
 
     name = "hashmap"
@@ -599,7 +739,8 @@ class HashMapStateBackend(StateBackend):
     def __init__(self, using_asynchronous_snapshots: bool | None = None, *,
                  incremental: bool | None = None, materialization_interval: int | None = None,
                  max_log_ratio: float | None = None,
-                 number_of_transfering_threads: int | None = None) -> None:
+                 number_of_transfering_threads: int | None = None,
+                 snapshot_mode: str | None = None, snapshot_pace: float | None = None) -> None:
         super().__init__(using_asynchronous_snapshots)
         self._explicit_async = using_asynchronous_snapshots is not None
         self._incremental = incremental
@@ -612,6 +753,10 @@ class HashMapStateBackend(StateBackend):
         self._interval = materialization_interval
         self._ratio = max_log_ratio
         self._threads = number_of_transfering_threads
+        self._mode = None if snapshot_mode is None else _check_mode(snapshot_mode)
+        if snapshot_pace is not None and float(snapshot_pace) < 0:
+            raise ConfigError("state.backend.heap.snapshot-pace", "must not be negative")
+        self._pace = snapshot_pace
 
     def is_incremental_checkpoints_enabled(self) -> bool:
         return bool(self._incremental)
@@ -621,6 +766,15 @@ class HashMapStateBackend(StateBackend):
 
     def get_max_log_ratio(self) -> float:
         return float(self._ratio or 0.5)
+
+    def get_snapshot_mode(self) -> str:
+        """How asynchronous snapshots serialize: ``fork`` (default where available) or ``thread``."""
+        return self._mode or _check_mode(DEFAULT_SNAPSHOT_MODE)
+
+    def get_snapshot_pace(self) -> float:
+        """Seconds the transfer thread sleeps per second of serialization (thread mode, default 1):
+        higher keeps more GIL for processing and makes the asynchronous part longer."""
+        return 1.0 if self._pace is None else float(self._pace)
 
     def get_number_of_transfering_threads(self) -> int:
         return int(self._threads or 1)
@@ -655,6 +809,17 @@ class HashMapStateBackend(StateBackend):
                 raise ConfigError(key, f"expected a number, got {config[key]!r}") from exc
             if new._ratio <= 0:
                 raise ConfigError(key, "must be positive")
+        key = "state.backend.heap.snapshot-pace"
+        if config.get(key) is not None and self._pace is None:
+            try:
+                new._pace = float(config[key])
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(key, f"expected a number, got {config[key]!r}") from exc
+            if new._pace < 0:
+                raise ConfigError(key, "must not be negative")
+        key = "state.backend.heap.snapshot-mode"
+        if config.get(key) is not None and self._mode is None:
+            new._mode = _check_mode(config[key], key)
         for key in ("state.backend.async", "execution.checkpointing.async"):
             if config.get(key) is not None and not self._explicit_async:
                 new._async = parse_bool(key, config[key])
@@ -669,7 +834,8 @@ class HashMapStateBackend(StateBackend):
             key_serializer, key_group_range, max_parallelism, clock,
             self.is_using_asynchronous_snapshots(), incremental=bool(self._incremental),
             materialization_interval=self.get_materialization_interval(),
-            max_log_ratio=self.get_max_log_ratio(),
+            max_log_ratio=self.get_max_log_ratio(), snapshot_mode=self.get_snapshot_mode(),
+            pace_ratio=self.get_snapshot_pace(),
         )
 
     def __repr__(self) -> str:

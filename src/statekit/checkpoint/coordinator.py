@@ -23,7 +23,7 @@ from statekit.backends.base import KeyedStateBackend, SnapshotRun
 from statekit.checkpoint.config import CheckpointConfig
 from statekit.checkpoint.storage import CheckpointStorageAccess
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import CheckpointError, CheckpointTimeoutError
+from statekit.errors import CheckpointError, CheckpointTimeoutError, StatekitError
 
 log = logging.getLogger("statekit.checkpoint")
 
@@ -73,7 +73,12 @@ class CheckpointCoordinator:
         self.next_id = first_checkpoint_id
         self.pending: dict[int, _Pending] = {}
         # complete checkpoints of this job written by earlier attempts are retained (and trimmed)
-        self.retained: list[int] = [c for c in access.completed() if c < first_checkpoint_id]
+        try:
+            earlier = [c for c in access.completed() if c < first_checkpoint_id]
+        except (StatekitError, OSError) as exc:
+            log.warning("could not list earlier checkpoints (%s); starting with none retained", exc)
+            earlier = []
+        self.retained: list[int] = earlier
         self.savepoints: list[tuple[int, str]] = []
         self._zombies: list[_Pending] = []  # aborted attempts whose threads may still write
         self.stats: list[CheckpointStats] = []
