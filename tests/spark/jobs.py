@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
 from statekit.runtime.functions import VectorizedKeyedFunction
-from statekit.spark import foreach_batch, transform_with_state
+from statekit.spark import apply_in_pandas_with_state, foreach_batch, transform_with_state
 
 OUTPUT = "key string, c long, t long"
 
@@ -107,9 +107,12 @@ def start(spark, adapter: str, function, input_dir: str, checkpoint: str, sink: 
     if adapter == "foreach_batch":
         writer = source.writeStream.foreachBatch(
             foreach_batch(function, "key", OUTPUT, sink, num_partitions=2, conf=conf))
-    else:
+    elif adapter == "transform_with_state":
         writer = transform_with_state(source.groupBy("key"), function, OUTPUT, conf=conf
                                       ).writeStream.foreachBatch(sink).outputMode("update")
+    else:
+        writer = apply_in_pandas_with_state(source.groupBy("key"), function, OUTPUT, conf=conf
+                                            ).writeStream.foreachBatch(sink).outputMode("update")
     return writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
 
 

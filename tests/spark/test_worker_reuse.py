@@ -14,7 +14,8 @@ def spark_no_reuse():
     yield session(**{"spark.python.worker.reuse": "false"})
 
 
-@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])
+@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state",
+                                     "apply_in_pandas_with_state"])
 def test_no_worker_reuse(spark_no_reuse, tmp_path, adapter):
     frame = write_inputs(str(tmp_path / "in"), 0, 3)
     sink = Outputs(fail_batch=1)

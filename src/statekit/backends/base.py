@@ -142,6 +142,9 @@ class KeyedStateBackend(ABC):
         self.clock = clock or wall_clock_ms
         self.asynchronous = using_asynchronous_snapshots
         self.current_key: Any = NO_KEY
+        #: wraps each backend-level value/list/map state before TTL and the other layers, e.g.
+        #: to record changes (the applyInPandasWithState adapter carries them in GroupState)
+        self.state_interceptor: Callable[[StateMeta, State], State] | None = None
         self._states: dict[str, tuple[StateDescriptor, State]] = {}
         self._restored_layouts: dict[str, list[Any]] = {}
 
@@ -191,7 +194,10 @@ class KeyedStateBackend(ABC):
             return state
         self._check_restored_layout(descriptor)
         meta = self.state_meta(descriptor)
-        state = self._wrap(descriptor, limit_state(self._create_state(meta), meta, self), meta)
+        raw = limit_state(self._create_state(meta), meta, self)
+        if self.state_interceptor is not None:
+            raw = self.state_interceptor(meta, raw)
+        state = self._wrap(descriptor, raw, meta)
         self._states[descriptor.name] = (descriptor, state)
         return state
 

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend
+from statekit.errors import StateError
+from statekit.serde.types import Types
 from statekit.state.api import (
     AggregatingState,
     ListState,
@@ -86,11 +88,12 @@ class KeyedProcessFunction(Function, ABC):
     """Processes each element of a keyed stream with access to the key's state."""
 
     class Context:
-        """Per-element context: the current key (and the element's timestamp, if any)."""
+        """Per-element context: the current key, and timers where the engine offers them."""
 
-        def __init__(self, backend: KeyedStateBackend) -> None:
+        def __init__(self, backend: KeyedStateBackend, timers: TimerService | None = None) -> None:
             self._backend = backend
             self._timestamp: int | None = None
+            self._timers = timers
 
         def get_current_key(self) -> Any:
             return self._backend.get_current_key()
@@ -98,10 +101,78 @@ class KeyedProcessFunction(Function, ABC):
         def timestamp(self) -> int | None:
             return self._timestamp
 
+        def timer_service(self) -> TimerService:
+            if self._timers is None:
+                raise StateError("timers are available in the applyInPandasWithState adapter "
+                                 "(GroupStateTimeout); this engine has no timer service")
+            return self._timers
+
+    class OnTimerContext(Context):
+        """Context of ``on_timer``: which time domain fired."""
+
+        def __init__(self, backend: KeyedStateBackend, timers: TimerService, domain: str) -> None:
+            super().__init__(backend, timers)
+            self._domain = domain
+
+        def time_domain(self) -> str:
+            """``"EVENT_TIME"`` or ``"PROCESSING_TIME"``."""
+            return self._domain
+
     @abstractmethod
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context
                         ) -> Iterable[Any] | None:
         """Yield (or return an iterable of) output elements for ``value``."""
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext
+                 ) -> Iterable[Any] | None:
+        """Called when a timer registered for the current key fires."""
+        return None
+
+
+class TimerService:
+    """Per-key timers kept in keyed state (so they are checkpointed with it)."""
+
+    EVENT_TIME = "EVENT_TIME"
+    PROCESSING_TIME = "PROCESSING_TIME"
+
+    def __init__(self, backend: KeyedStateBackend, clock: Any, watermark: Any) -> None:
+        from statekit.state.descriptors import MapStateDescriptor
+
+        descriptor = MapStateDescriptor("timers", Types.LONG(), Types.STRING())
+        descriptor.name = "__statekit_timers"
+        self._timers = backend.get_partitioned_state(descriptor)
+        self._clock = clock
+        self._watermark = watermark
+
+    def current_processing_time(self) -> int:
+        return int(self._clock())
+
+    def current_watermark(self) -> int:
+        return int(self._watermark())
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.put(int(timestamp) * 2 + 1, self.PROCESSING_TIME)  # type: ignore[attr-defined]
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._timers.put(int(timestamp) * 2, self.EVENT_TIME)  # type: ignore[attr-defined]
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.remove(int(timestamp) * 2 + 1)  # type: ignore[attr-defined]
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._timers.remove(int(timestamp) * 2)  # type: ignore[attr-defined]
+
+    def registered(self) -> list[tuple[int, str]]:
+        """The current key's timers as (timestamp, domain), earliest first."""
+        return sorted((k // 2, d) for k, d in self._timers.items())  # type: ignore[attr-defined]
+
+    def pop_due(self, processing_time: int, watermark: int) -> list[tuple[int, str]]:
+        """Remove and return the current key's timers that are due, earliest first."""
+        due = [(ts, d) for ts, d in self.registered()
+               if ts <= (processing_time if d == self.PROCESSING_TIME else watermark)]
+        for ts, d in due:
+            self._timers.remove(ts * 2 + (1 if d == self.PROCESSING_TIME else 0))  # type: ignore[attr-defined]
+        return due
 
 
 class MapFunction(Function, ABC):

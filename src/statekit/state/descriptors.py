@@ -369,3 +369,10 @@ class AggregatingStateDescriptor(StateDescriptor):
 
     def layout(self) -> list[Any]:
         return [StateKind.VALUE.value, *super().layout()[1:]]
+
+
+def internal_value_descriptor(name: str) -> ValueStateDescriptor:
+    """A value state under a reserved ``__statekit...`` name, for statekit's own bookkeeping."""
+    descriptor = ValueStateDescriptor("internal")
+    descriptor.name = name
+    return descriptor

@@ -1,0 +1,426 @@
+"""The ``applyInPandasWithState`` adapter: exactly-once without an end-of-partition hook.
+
+Spark calls the function once per key and commits each key's ``GroupState`` atomically with the
+micro-batch, but tells Python nothing when a task ends.  So (DESIGN.md rule 3):
+
+* every call appends the key's changes (recorded state operations) to a compact log carried in
+  its ``GroupState``, each entry tagged with (sequence number, batch, task attempt);
+* the backend stores, per key, the last entry it applied (the *applied marker*); a call first
+  applies the log entries newer than the marker, then runs the function;
+* a marker that is not on the committed log (a change of an attempt Spark discarded) means the
+  local copy is not the committed lineage: the partition is restored from the newest valid
+  snapshot and the key's log applied on top;
+* each task attempt records a durable marker when it starts; a process materializes its state
+  (asynchronously) only when those markers show that its own attempts were the only ones for
+  every batch it holds, so no snapshot ever holds a discarded attempt's changes;
+* a key's log is truncated, during one of its calls, only up to the marker the latest trusted
+  snapshot holds for that key (snapshots form a chain, so every later restore holds as much).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from statekit.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    CorruptCheckpointError,
+    StatekitError,
+)
+from statekit.runtime import config as cfg
+from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext, TimerService
+from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.types import GenericSerializer, packb, unpackb
+from statekit.spark.adapters import _spec
+from statekit.spark.changelog import ChangeRecorder
+from statekit.spark.runner import AdapterSpec, TaskInfo
+from statekit.state.bulk import BulkState
+from statekit.state.descriptors import internal_value_descriptor
+
+log = logging.getLogger("statekit.spark")
+
+STATE_SCHEMA = "seq long, tseq long, tatt string, log binary"
+APPLIED = internal_value_descriptor("__statekit_applied")
+MATERIALIZE_KEY = "state.changelog.materialize-every-batches"
+DEFAULT_MATERIALIZE_EVERY = 5
+
+Marker = tuple[int, str]  # (sequence number, attempt token) of a log entry
+
+
+@dataclass
+class _Pending:
+    snapshot_id: int
+    future: Future[None]
+    captured: dict[Any, Marker | None]
+    included: list[tuple[int, str]]
+
+
+@dataclass
+class _Lineage:
+    """What this process's local state is built from, for snapshot validity and truncation."""
+
+    base_id: int | None = None
+    own_attempts: list[tuple[int, str]] = field(default_factory=list)  # since base
+    base_markers: dict[Any, Marker | None] = field(default_factory=dict)  # lazily, per key
+    touched: dict[Any, Marker | None] = field(default_factory=dict)  # markers changed since base
+    trusted: dict[Any, Marker | None] = field(default_factory=dict)  # of the trusted snapshot
+
+
+class PartitionRuntime:
+    """One partition's statekit state in this worker process, kept across batches and tasks."""
+
+    def __init__(self, spec: AdapterSpec, query_id: str, partition: int,
+                 materialize_every: int, timeout_conf: str = "NoTimeout") -> None:
+        self.spec = spec
+        self.timeout_conf = timeout_conf
+        self._group_state: Any = None
+        self.partition = partition
+        self.materialize_every = max(1, materialize_every)
+        self.access = spec.storage.create_access(f"{query_id}/{spec.operator_id}/p{partition:05d}")
+        self.backend: Any = None
+        self.function: Any = None
+        self.recorder = ChangeRecorder()
+        self.lineage = _Lineage()
+        self.token: str | None = None
+        self.batch = -1
+        self.pending: _Pending | None = None
+        self.last_materialized_batch = -1
+        self.restores = 0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="statekit-materialize")
+
+    # --- task lifecycle ---------------------------------------------------------------------------
+
+    def begin_task(self, info: TaskInfo) -> None:
+        """First call of a task attempt: record it durably, then maybe materialize or restore."""
+        if info.attempt_token == self.token:
+            return
+        self.access.store.put(f"attempts/b{info.batch_id:012d}/{info.attempt_token}", b"")
+        self._settle_pending(block=True)
+        if self.backend is None:
+            self._restore_latest(info.batch_id)
+        elif not self._own_attempts_confirmed(info.batch_id):
+            log.info("partition %d: another attempt ran a batch this process holds; restoring",
+                     self.partition)
+            self._restore_latest(info.batch_id)
+        elif info.batch_id - max(self.last_materialized_batch, self._base_batch()) \
+                >= self.materialize_every:
+            self._materialize(info.batch_id)
+        self.token, self.batch = info.attempt_token, info.batch_id
+        self.lineage.own_attempts.append((info.batch_id, info.attempt_token))
+
+    def _base_batch(self) -> int:
+        return -1 if self.lineage.base_id is None else self.lineage.base_id // 1_000_000
+
+    def _confirmed(self, attempts: list[tuple[int, str]], current_batch: int) -> bool:
+        """Whether each (batch, attempt) was the only attempt of its batch, and Spark committed it."""
+        for batch, token in attempts:
+            if batch >= current_batch:
+                return False
+            tokens = [k.rsplit("/", 1)[-1] for k in self.access.store.list(f"attempts/b{batch:012d}/")]
+            if tokens != [token]:
+                return False
+        return True
+
+    def _own_attempts_confirmed(self, current_batch: int) -> bool:
+        return self._confirmed(self.lineage.own_attempts, current_batch)
+
+    # --- restore ---------------------------------------------------------------------------------
+
+    def _restore_latest(self, current_batch: int) -> None:
+        """Replace the local state by the newest valid snapshot (or empty state)."""
+        if self.backend is not None:
+            self._settle_pending(block=True)
+            self.backend.dispose()
+        backend = self.spec.backend.create_keyed_state_backend(
+            key_serializer=GenericSerializer(), key_group_range=KeyGroupRange.all(self.spec.max_parallelism),
+            max_parallelism=self.spec.max_parallelism, operator_id=self.spec.operator_id,
+        )
+        base_id = None
+        for sid in reversed(self.access.completed()):
+            try:
+                meta = self.access.load(sid)
+            except (CheckpointNotFoundError, StatekitError):
+                continue
+            if self._confirmed([tuple(a) for a in meta.get("attempts", [])], current_batch):
+                backend.restore(list(meta["tasks"].values()), self.access.reader())
+                base_id = sid
+                break
+        self.recorder = ChangeRecorder()
+        backend.state_interceptor = self.recorder.intercept
+        self.backend = backend
+        backend.get_partitioned_state(APPLIED)
+        self.timers = TimerService(backend, self._processing_time, self._watermark)
+        self.function = copy.deepcopy(self.spec.function)
+        self.function.open(RuntimeContext(backend, self.spec.operator_id, self.partition, -1,
+                                          self.spec.max_parallelism, 0,
+                                          {**self.spec.conf, "partition": self.partition}))
+        self.lineage = _Lineage(base_id=base_id)
+        self.restores += 1
+
+    # --- materialization -------------------------------------------------------------------------
+
+    def _materialize(self, current_batch: int) -> None:
+        """Snapshot the state of all batches before ``current_batch`` in the background."""
+        newest_valid = self._newest_valid(current_batch)
+        if newest_valid != self.lineage.base_id:
+            return  # another process extended the chain; snapshots must build on the newest
+        sid = current_batch * 1_000_000 + random.randrange(1_000_000)
+        streams = self.access.streams(sid, f"p{self.partition}")
+        run = self.backend.snapshot(sid, streams)
+        included = list(self.lineage.own_attempts)
+        body = {"attempts": included, "base": self.lineage.base_id, "batch": current_batch - 1,
+                "partition": self.partition}
+
+        def upload() -> None:
+            handle = run.run()
+            self.access.commit(sid, {**body, "tasks": {"partition": handle}})
+
+        self.pending = _Pending(sid, self._executor.submit(upload), dict(self.lineage.touched),
+                                included)
+        self.last_materialized_batch = current_batch - 1
+
+    def _newest_valid(self, current_batch: int) -> int | None:
+        for sid in reversed(self.access.completed()):
+            if sid == self.lineage.base_id:
+                return sid
+            try:
+                meta = self.access.load(sid)
+            except (CheckpointNotFoundError, StatekitError):
+                continue
+            if self._confirmed([tuple(a) for a in meta.get("attempts", [])], current_batch):
+                return sid
+        return None
+
+    def _settle_pending(self, block: bool) -> None:
+        """Trust a finished snapshot (it becomes the base truncation uses) or drop a failed one."""
+        pending = self.pending
+        if pending is None or (not block and not pending.future.done()):
+            return
+        self.pending = None
+        try:
+            pending.future.result()
+        except Exception as exc:  # materialization is an optimisation: log and go on
+            log.warning("partition %d: materialization %d failed: %s", self.partition,
+                        pending.snapshot_id, exc)
+            return
+        self.backend.notify_checkpoint_complete(pending.snapshot_id)
+        lineage = self.lineage
+        previous = lineage.base_id
+        lineage.trusted = pending.captured
+        lineage.base_id = pending.snapshot_id
+        lineage.own_attempts = lineage.own_attempts[len(pending.included):]
+        self._retire(previous)
+
+    def _retire(self, previous: int | None) -> None:
+        keep = [s for s in (previous, self.lineage.base_id) if s is not None]
+        for sid in self.access.completed():
+            if sid < min(keep):
+                self.access.discard(sid, keep)
+        oldest_needed = min(keep) // 1_000_000 - self.materialize_every - 2
+        for key in self.access.store.list("attempts/"):
+            batch = int(key.split("/")[1][1:])
+            if batch < oldest_needed:
+                self.access.store.delete(key)
+
+    # --- one call ----------------------------------------------------------------------------------
+
+    def _processing_time(self) -> int:
+        return int(self._group_state.getCurrentProcessingTimeMs())
+
+    def _watermark(self) -> int:
+        try:
+            return int(self._group_state.getCurrentWatermarkMs())
+        except Exception:  # Spark refuses the watermark when the query defines none
+            return -(2**63)
+
+    def _marker(self) -> Marker | None:
+        value = self.backend.get_partitioned_state(APPLIED).value()
+        return None if value is None else (int(value[0]), str(value[1]))
+
+    def _set_marker(self, key: Any, marker: Marker | None) -> None:
+        self.backend.get_partitioned_state(APPLIED).update(marker)
+        self.lineage.touched[key] = marker
+
+    def _trusted_marker(self, key: Any) -> Marker | None:
+        lineage = self.lineage
+        if key in lineage.trusted:
+            return lineage.trusted[key]
+        return lineage.base_markers.get(key)
+
+    @staticmethod
+    def _consistent(marker: Marker | None, entries: list[list[Any]], tseq: int | None,
+                    tatt: str | None) -> bool:
+        if marker is None:
+            return tseq is None
+        if tseq is not None and marker == (tseq, tatt):
+            return True
+        return any(e[0] == marker[0] and e[2] == marker[1] for e in entries)
+
+    def call(self, key: Any, frames: Iterator[Any], group_state: Any) -> list[Any]:
+        """Bring the key up to its committed log, run the function, log its changes."""
+        self._settle_pending(block=False)
+        self._group_state = group_state
+        backend = self.backend
+        backend.set_current_key(key)
+        marker = self._marker()
+        lineage = self.lineage
+        if key not in lineage.touched and key not in lineage.base_markers:
+            lineage.base_markers[key] = marker
+        if group_state.exists:
+            seq, tseq, tatt, blob = group_state.get
+            entries: list[list[Any]] = unpackb(blob) if blob else []
+        else:
+            seq, tseq, tatt, entries = 0, None, None, []
+            if marker is not None:  # the committed state of this key is empty
+                self.recorder.clear_all()
+                marker = None
+                self._set_marker(key, None)
+        if not self._consistent(marker, entries, tseq, tatt):
+            self._restore_latest(self.batch)
+            self.lineage.own_attempts.append((self.batch, self.token or ""))
+            backend = self.backend
+            backend.set_current_key(key)
+            marker = self._marker()
+            self.lineage.base_markers[key] = marker
+            if not self._consistent(marker, entries, tseq, tatt):
+                raise CorruptCheckpointError(
+                    f"key {key!r}: its carried change log (truncated through {tseq}) does not "
+                    f"continue the restored snapshot (marker {marker})")
+        for entry in entries:
+            if marker is None or entry[0] > marker[0]:
+                self.recorder.replay(entry[3])
+                marker = (entry[0], entry[2])
+                self._set_marker(key, marker)
+        self.recorder.start()
+        outputs = self._run(key, frames, bool(getattr(group_state, "hasTimedOut", False)))
+        removable = self.recorder.all_empty(self._processing_time())
+        if not removable:
+            self._schedule_timeout(group_state)
+        ops = self.recorder.stop()
+        if ops:
+            seq += 1
+            entries.append([seq, self.batch, self.token, ops])
+            marker = (seq, self.token or "")
+            self._set_marker(key, marker)
+        truncated = False
+        trusted = self._trusted_marker(key)
+        if trusted is not None:
+            while entries and entries[0][0] <= trusted[0]:
+                dropped = entries.pop(0)
+                tseq, tatt = dropped[0], dropped[2]
+                truncated = True
+        if removable:  # nothing live is left: forget the key (GroupState absent = empty state)
+            if group_state.exists:
+                group_state.remove()
+            self.recorder.clear_all()
+            self._set_marker(key, None)
+        elif ops or truncated:
+            group_state.update((seq, tseq, tatt, packb(entries)))
+        return outputs
+
+    def _schedule_timeout(self, group_state: Any) -> None:
+        """Ask Spark to call back for the key's earliest timer (or its TTL expiry)."""
+        if self.timeout_conf == "EventTimeTimeout":
+            event = [ts for ts, d in self.timers.registered() if d == TimerService.EVENT_TIME]
+            if event:
+                group_state.setTimeoutTimestamp(max(event[0], self._watermark() + 1))
+        elif self.timeout_conf == "ProcessingTimeTimeout":
+            now = self._processing_time()
+            due = [ts for ts, d in self.timers.registered() if d == TimerService.PROCESSING_TIME]
+            ttl = self.recorder.ttl_millis()
+            if ttl is not None:
+                due.append(now + ttl)  # come back to drop the key's state once it expires
+            if due:
+                group_state.setTimeoutDuration(max(1, min(due) - now))
+
+    def _run(self, key: Any, frames: Iterator[Any], timed_out: bool) -> list[Any]:
+        import pandas as pd
+
+        outputs: list[Any] = []
+        function = self.function
+        if timed_out:
+            rows: list[Any] = []
+            for ts, domain in self.timers.pop_due(self._processing_time(), self._watermark()):
+                ctx = KeyedProcessFunction.OnTimerContext(self.backend, self.timers, domain)
+                produced = function.on_timer(ts, ctx)
+                if produced is not None:
+                    rows.extend(produced)
+            if rows:
+                outputs.append(pd.DataFrame(rows, columns=self.spec.output_columns))
+            return outputs
+        if self.spec.vectorized:
+            bulk = BulkState(self.backend)
+            for frame in frames:
+                out = function.process_batch(frame, bulk)
+                if out is not None and len(out):
+                    outputs.append(out[self.spec.output_columns])
+            self.backend.set_current_key(key)
+            return outputs
+        ctx = KeyedProcessFunction.Context(self.backend, self.timers)
+        rows = []
+        for frame in frames:
+            for row in frame.itertuples(index=False, name=None):
+                produced = function.process_element(row, ctx)
+                if produced is not None:
+                    rows.extend(produced)
+        if rows:
+            outputs.append(pd.DataFrame(rows, columns=self.spec.output_columns))
+        return outputs
+
+
+_RUNTIMES: dict[tuple[str, str, int], PartitionRuntime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
+             timeout_conf: str) -> PartitionRuntime:
+    slot = (info.query_id, spec.operator_id, info.partition)
+    with _RUNTIMES_LOCK:
+        runtime = _RUNTIMES.get(slot)
+        if runtime is None:
+            runtime = _RUNTIMES[slot] = PartitionRuntime(spec, info.query_id, info.partition,
+                                                         materialize_every, timeout_conf)
+    runtime.begin_task(info)
+    return runtime
+
+
+def drop_runtimes() -> None:
+    """Forget every partition runtime of this process (tests)."""
+    with _RUNTIMES_LOCK:
+        runtimes = list(_RUNTIMES.values())
+        _RUNTIMES.clear()
+    for runtime in runtimes:
+        runtime._settle_pending(block=True)
+        if runtime.backend is not None:
+            runtime.backend.dispose()
+
+
+def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: Any, *,
+                               output_mode: str = "update", timeout_conf: str = "NoTimeout",
+                               operator_id: str | None = None,
+                               conf: Mapping[str, Any] | None = None) -> Any:
+    """Run ``function`` per key over ``applyInPandasWithState``; a streaming DataFrame.
+
+    The function is the same :class:`~statekit.KeyedProcessFunction` (or vectorized function)
+    the other adapters run; its state lives in the backend chosen by ``spark.statekit.*`` conf.
+    """
+    spark = grouped_df._df.sparkSession
+    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf)
+    every = cfg.get(spec.conf, MATERIALIZE_KEY, cfg.parse_int, DEFAULT_MATERIALIZE_EVERY)
+    timeout = str(getattr(timeout_conf, "value", timeout_conf))
+    if timeout not in ("NoTimeout", "ProcessingTimeTimeout", "EventTimeTimeout"):
+        raise ConfigError("timeout_conf", f"unknown GroupStateTimeout {timeout_conf!r}")
+
+    def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
+        runtime = _runtime(spec, TaskInfo.current(), every, timeout)
+        k = key[0] if len(key) == 1 else tuple(key)
+        yield from runtime.call(k, frames, group_state)
+
+    return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)

@@ -1,0 +1,202 @@
+"""Per-key change logs: record what a call did to a key's state, and replay it elsewhere.
+
+The ``applyInPandasWithState`` adapter carries each key's recent changes in Spark's
+``GroupState`` (committed atomically with the micro-batch).  Changes are recorded below TTL and
+the reducing/aggregating layers, as serialized operations on value, list and map states, so a
+replay reproduces exactly the stored values, and a change costs its size, not the state's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from statekit.backends.base import StateMeta
+from statekit.errors import CorruptCheckpointError
+from statekit.state.api import ListState, MapState, State, ValueState
+
+APPLIED_NAME = "__statekit_applied"
+
+# operation codes
+V_SET, V_CLEAR, L_ADD, L_ADD_ALL, L_SET, L_CLEAR, M_PUT, M_REMOVE, M_CLEAR = range(9)
+
+
+class ChangeRecorder:
+    """Collects the operations of the current call, per state, while recording is on."""
+
+    def __init__(self) -> None:
+        self.ops: list[list[Any]] = []
+        self.active = False
+        self.raw: dict[str, tuple[StateMeta, State]] = {}
+
+    def intercept(self, meta: StateMeta, raw: State) -> State:
+        """The backend's state interceptor: keep the raw state, hand out a recording one."""
+        self.raw[meta.name] = (meta, raw)
+        if meta.name == APPLIED_NAME:  # bookkeeping of replay itself: never logged
+            return raw
+        wrapper = {"value": _RecValue, "list": _RecList, "map": _RecMap}[meta.kind]
+        return wrapper(raw, meta, self)  # type: ignore[abstract]
+
+    def start(self) -> None:
+        self.ops = []
+        self.active = True
+
+    def stop(self) -> list[list[Any]]:
+        self.active = False
+        ops, self.ops = self.ops, []
+        return ops
+
+    def record(self, *op: Any) -> None:
+        if self.active:
+            self.ops.append(list(op))
+
+    def replay(self, ops: Iterable[list[Any]]) -> None:
+        """Apply recorded operations to the current key's raw states (not recorded again)."""
+        for op in ops:
+            name, code, *args = op
+            entry = self.raw.get(name)
+            if entry is None:
+                raise CorruptCheckpointError(
+                    f"change log names state '{name}', which the function does not register")
+            meta, raw = entry
+            _apply(meta, raw, code, args)
+
+    def all_empty(self, now: int) -> bool:
+        """Whether the current key holds nothing live (TTL-expired entries count as gone),
+        timers included, so its carried state can be removed."""
+        for name, (meta, raw) in self.raw.items():
+            if name == APPLIED_NAME:
+                continue
+            live = (lambda stamped: True) if meta.ttl is None else (
+                lambda stamped, ttl=meta.ttl: not ttl.expired(stamped, now))
+            if meta.kind == "value":
+                value = raw.value()  # type: ignore[attr-defined]
+                if value is not None and live(value):
+                    return False
+            elif meta.kind == "list":
+                if any(live(e) for e in raw.get()):  # type: ignore[attr-defined]
+                    return False
+            elif any(live(v) for _, v in raw.items()):  # type: ignore[attr-defined]
+                return False
+        return True
+
+    def ttl_millis(self) -> int | None:
+        """The longest TTL of the registered states, or None when no state has TTL."""
+        ttls = [meta.ttl.ttl for meta, _ in self.raw.values() if meta.ttl is not None]
+        return max(ttls) if ttls else None
+
+    def clear_all(self) -> None:
+        """Clear every state of the current key (timers included)."""
+        for name, (_meta, raw) in self.raw.items():
+            if name != APPLIED_NAME:
+                raw.clear()
+
+
+def _apply(meta: StateMeta, raw: Any, code: int, args: list[Any]) -> None:
+    stored = meta.stored_serializer
+    if code == V_SET:
+        raw.update(stored.deserialize(args[0]))
+    elif code in (V_CLEAR, L_CLEAR, M_CLEAR):
+        raw.clear()
+    elif code == L_ADD:
+        raw.add(stored.element.deserialize(args[0]))  # type: ignore[attr-defined]
+    elif code == L_ADD_ALL:
+        raw.add_all([stored.element.deserialize(b) for b in args[0]])  # type: ignore[attr-defined]
+    elif code == L_SET:
+        raw.update([stored.element.deserialize(b) for b in args[0]])  # type: ignore[attr-defined]
+    elif code == M_PUT:
+        value = None if args[1] is None else stored.value.deserialize(args[1])  # type: ignore[attr-defined]
+        raw.put(stored.key.deserialize(args[0]), value)  # type: ignore[attr-defined]
+    elif code == M_REMOVE:
+        raw.remove(stored.key.deserialize(args[0]))  # type: ignore[attr-defined]
+    else:
+        raise CorruptCheckpointError(f"unknown change-log operation {code}")
+
+
+class _RecValue(ValueState):
+    def __init__(self, raw: ValueState, meta: StateMeta, rec: ChangeRecorder) -> None:
+        self._raw, self._name, self._rec = raw, meta.name, rec
+        self._ser = meta.stored_serializer
+
+    def value(self) -> Any:
+        return self._raw.value()
+
+    def update(self, value: Any) -> None:
+        self._raw.update(value)
+        if value is None:
+            self._rec.record(self._name, V_CLEAR)
+        else:
+            self._rec.record(self._name, V_SET, self._ser.serialize(value))
+
+    def clear(self) -> None:
+        self._raw.clear()
+        self._rec.record(self._name, V_CLEAR)
+
+
+class _RecList(ListState):
+    def __init__(self, raw: ListState, meta: StateMeta, rec: ChangeRecorder) -> None:
+        self._raw, self._name, self._rec = raw, meta.name, rec
+        self._ser = meta.stored_serializer.element  # type: ignore[attr-defined]
+
+    def get(self) -> list[Any]:
+        return self._raw.get()
+
+    def add(self, value: Any) -> None:
+        self._raw.add(value)
+        self._rec.record(self._name, L_ADD, self._ser.serialize(value))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        self._raw.add_all(values)
+        self._rec.record(self._name, L_ADD_ALL, [self._ser.serialize(v) for v in values])
+
+    def update(self, values: Iterable[Any] | None) -> None:
+        values = [] if values is None else list(values)
+        self._raw.update(values)
+        self._rec.record(self._name, L_SET, [self._ser.serialize(v) for v in values])
+
+    def clear(self) -> None:
+        self._raw.clear()
+        self._rec.record(self._name, L_CLEAR)
+
+
+class _RecMap(MapState):
+    def __init__(self, raw: MapState, meta: StateMeta, rec: ChangeRecorder) -> None:
+        self._raw, self._name, self._rec = raw, meta.name, rec
+        self._key = meta.stored_serializer.key  # type: ignore[attr-defined]
+        self._value = meta.stored_serializer.value  # type: ignore[attr-defined]
+
+    def get(self, key: Any) -> Any:
+        return self._raw.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._raw.put(key, value)
+        self._rec.record(self._name, M_PUT, self._key.serialize(key),
+                         None if value is None else self._value.serialize(value))
+
+    def put_all(self, dict_value: dict[Any, Any]) -> None:
+        for k, v in dict_value.items():
+            self.put(k, v)
+
+    def remove(self, key: Any) -> None:
+        self._raw.remove(key)
+        self._rec.record(self._name, M_REMOVE, self._key.serialize(key))
+
+    def contains(self, key: Any) -> bool:
+        return self._raw.contains(key)
+
+    def items(self) -> Iterable[tuple[Any, Any]]:
+        return self._raw.items()
+
+    def keys(self) -> Iterable[Any]:
+        return self._raw.keys()
+
+    def values(self) -> Iterable[Any]:
+        return self._raw.values()
+
+    def is_empty(self) -> bool:
+        return self._raw.is_empty()
+
+    def clear(self) -> None:
+        self._raw.clear()
+        self._rec.record(self._name, M_CLEAR)
