@@ -1,5 +1,11 @@
-"""The RocksDB backend through the shared conformance suite and the hypothesis model test."""
+"""The RocksDB backend through the shared conformance suite and the hypothesis model test.
 
+Every conformance case runs with full and with incremental checkpoints, over every storage of
+the suite.  The model test covers both storages and both modes on the default run (JobManager +
+incremental, file system + full); the other two combinations are marked slow.
+"""
+
+import os
 import tempfile
 
 import pytest
@@ -9,30 +15,44 @@ from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerC
 from statekit.testing.conformance import BackendConformance
 from statekit.testing.stateful import model_test
 
+# tmpfs where available: RocksDB fsyncs on every open, which dominates test time on slow disks
+SHM = "/dev/shm/statekit-tests-rocksdb" if os.path.isdir("/dev/shm") else None
+
+
+def rocks(incremental=None, threads=1):
+    backend = EmbeddedRocksDBStateBackend(incremental)
+    backend.set_number_of_transfering_threads(threads)
+    if SHM:
+        backend.set_db_storage_paths(SHM)
+    return backend
+
 
 class TestRocksDBFull(BackendConformance):
     @pytest.fixture
     def state_backend(self):
-        return EmbeddedRocksDBStateBackend()
+        return rocks()
 
 
 class TestRocksDBIncremental(BackendConformance):
     @pytest.fixture
     def state_backend(self):
-        return EmbeddedRocksDBStateBackend(enable_incremental_checkpointing=True)
+        return rocks(True, threads=2)
+
+
+def _fs_storage():
+    return FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-rocks-model-"),
+                                       file_state_size_threshold=128)
+
+
+def _threaded(incremental):
+    return lambda: rocks(incremental, threads=2)
 
 
 TestRocksDBModelJobManagerIncremental = model_test(
-    lambda: EmbeddedRocksDBStateBackend(True), JobManagerCheckpointStorage, max_examples=10)
+    _threaded(True), JobManagerCheckpointStorage, max_examples=25)
 TestRocksDBModelFilesystemFull = model_test(
-    EmbeddedRocksDBStateBackend,
-    lambda: FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-rocks-model-"),
-                                        file_state_size_threshold=128),
-    max_examples=10,
-)
-TestRocksDBModelFilesystemIncremental = model_test(
-    lambda: EmbeddedRocksDBStateBackend(True),
-    lambda: FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-rocks-model-"),
-                                        file_state_size_threshold=128),
-    max_examples=10,
-)
+    rocks, _fs_storage, max_examples=10)
+TestRocksDBModelJobManagerFull = pytest.mark.slow(
+    model_test(rocks, JobManagerCheckpointStorage, max_examples=25))
+TestRocksDBModelFilesystemIncremental = pytest.mark.slow(
+    model_test(_threaded(True), _fs_storage, max_examples=10))

@@ -61,6 +61,8 @@ class VectorCount(VectorizedKeyedFunction):
     def open(self, ctx):
         self.c = ValueStateDescriptor("c", Types.LONG())
         self.t = ValueStateDescriptor("t", Types.LONG())
+        ctx.get_state(self.c)  # registered up front, as the applyInPandasWithState adapter needs
+        ctx.get_state(self.t)
 
     def process_batch(self, rows, state):
         agg = rows.groupby("key", sort=False)["v"].agg(["size", "sum"])

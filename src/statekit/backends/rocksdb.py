@@ -86,6 +86,7 @@ _PREFIX_CACHE_SIZE = 1 << 16  # msgpack nil: a None map value inside a serialize
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 _live_backends: weakref.WeakSet[RocksDBKeyedStateBackend] = weakref.WeakSet()
+_inherited: list[Any] = []  # handles inherited through fork: never released in the child
 
 
 def _after_fork_in_child() -> None:
@@ -197,17 +198,17 @@ class _RocksState:
                  element: TypeSerializer) -> None:
         self._b = backend
         self._cf: Any = cf
-        self._handle = backend._db.get_column_family_handle(meta.name)
         self._name = meta.name
         self._check = element
         self._ser = packb if element.identity else element.serialize
         self._de = unpackb if element.identity else element.deserialize
         self._valid = element.check
-        self._bind(cf)
+        self._bind(cf, backend._db.get_column_family_handle(meta.name))
 
-    def _bind(self, cf: Any) -> None:
+    def _bind(self, cf: Any, handle: Any) -> None:
         # bound methods of the column family, cached: the hot path is one C call per operation
         self._cf = cf
+        self._handle = handle
         self._get = cf.get
         self._put = cf.put
         self._del = cf.delete
@@ -420,7 +421,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  incremental: bool = False, transfer_threads: int = 1,
                  ttl_compaction_filter: bool = True) -> None:
         self._prefix: bytes | None = None
-        self._prefix_cache: dict[Any, tuple[type, bytes]] = {}
+        self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
         self._key_ser = packb if key_serializer.identity else key_serializer.serialize
         self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
         super().__init__(key_serializer, key_group_range, max_parallelism, clock, True)
@@ -458,24 +459,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def set_current_key(self, key: Any) -> None:
         """Set the current key and compute its key-group prefix once for all state accesses."""
         self._current_key = key
-        kind = type(key)
-        if kind is str or kind is int or kind is bytes:
-            # cached per key; the type check keeps 1, 1.0 and True apart
-            cached = self._prefix_cache.get(key)
-            if cached is not None and cached[0] is kind:
-                self._prefix = cached[1]
-                return
+        # prefixes of str/int/bytes keys are cached, one dict per exact type (keeps 1, 1.0 and
+        # True apart, which compare equal but serialize differently)
+        cache = self._prefix_caches.get(type(key))
+        if cache is not None:
+            prefix = cache.get(key)
+            if prefix is None:
+                kb = self._key_ser(key)
+                prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+                if len(cache) >= _PREFIX_CACHE_SIZE:
+                    cache.clear()
+                cache[key] = prefix
+            self._prefix = prefix
         elif key is NO_KEY:
             self._prefix = None
-            return
-        kb = self._key_ser(key)
-        prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
-        self._prefix = prefix
-        if kind is str or kind is int or kind is bytes:
-            cache = self._prefix_cache
-            if len(cache) >= _PREFIX_CACHE_SIZE:
-                cache.clear()
-            cache[key] = (kind, prefix)
+        else:
+            kb = self._key_ser(key)
+            self._prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
 
     # --- the database ------------------------------------------------------------------------------
 
@@ -522,11 +522,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _poison(self, why: str, error: type[Exception] = StateError) -> None:
         bad = _Unusable(why, error)
         for state in self._rstates.values():
-            state._bind(bad)
+            state._bind(bad, bad)
         self._cfs.clear()
 
     def _forked(self) -> None:
-        """In a forked child: the parent owns the database; never touch (or delete) it here."""
+        """In a forked child: the parent owns the database; never touch (or delete) it here.
+
+        The native handles are leaked on purpose: releasing them would run RocksDB code whose
+        mutexes a parent thread may have held at fork time (a deadlock in the child).
+        """
+        _inherited.append((self._db, list(self._cfs.values()),
+                           [(state._cf, state._handle) for state in self._rstates.values()]))
         self._poison(
             f"this RocksDB state backend was opened in process {self._pid} before a fork; "
             "RocksDB is not fork-safe, so create the backend (open the database) after forking",
@@ -609,9 +615,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._ttl_sweep()
         for name in self._state_names():
             self._cf(name)  # restored-but-unregistered states are column families too
-        db.flush()
-        for cf in self._cfs.values():
-            cf.flush()
+        # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
+        # so the hard-linked files hold everything written with the WAL disabled
         target = self.instance_dir / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
         checkpoint = Checkpoint(db)
         try:
@@ -621,7 +626,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         info = {name: dict(self._state_info[name]) for name in self._state_names()}
         base = dict(self._confirmed) if self.incremental and not savepoint else {}
         metas = dict(self._metas)
-        expiring = {name: (meta.kind, meta.ttl.clock() - meta.ttl.ttl)
+        expiring = {name: meta.ttl.clock() - meta.ttl.ttl
                     for name, meta in metas.items()
                     if meta.ttl is not None and meta.ttl.cleanup_full_snapshot}
 
@@ -640,7 +645,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
         return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
 
-    def _drop_expired_in(self, target: Path, expiring: dict[str, tuple[str, int]]) -> None:
+    def _drop_expired_in(self, target: Path, expiring: dict[str, int]) -> None:
         """TTL full-snapshot cleanup, off the processing thread: delete expired entries in the copy.
 
         The native checkpoint is a separate database (hard-linked, immutable SSTs); tombstones
@@ -653,7 +658,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
         db = open_db(target, options)
         try:
-            for name, (kind, limit) in expiring.items():
+            for name, limit in expiring.items():
                 cf = db.get_column_family(name)
                 handle = db.get_column_family_handle(name)
                 batch = WriteBatch(raw_mode=True)
@@ -663,7 +668,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 if len(batch):
                     db.write(batch)
                     cf.flush()
-                del cf
+                del cf, handle
         finally:
             db.close()
 
@@ -1073,7 +1078,8 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         if key in config and self._paths is None and config[key] not in (None, ""):
             value = config[key]
             if isinstance(value, str):
-                value = [p for p in re.split(r"[,;" + re.escape(os.pathsep) + r"]", value) if p]
+                seps = ",;" if "://" in value else ",;" + os.pathsep
+                value = [p for p in re.split(f"[{re.escape(seps)}]", value) if p.strip()]
             elif not isinstance(value, list | tuple):
                 value = [value]
             new._paths = [_local_path(p, key) for p in value]

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from statekit.backends.base import StateMeta
-from statekit.errors import CorruptCheckpointError
+from statekit.errors import CorruptCheckpointError, StateError
 from statekit.state.api import ListState, MapState, State, ValueState
 
 APPLIED_NAME = "__statekit_applied"
@@ -56,8 +56,10 @@ class ChangeRecorder:
             name, code, *args = op
             entry = self.raw.get(name)
             if entry is None:
-                raise CorruptCheckpointError(
-                    f"change log names state '{name}', which the function does not register")
+                raise StateError(
+                    "the key's change log holds changes of this state, but the function has not "
+                    "registered it: register every state in open() (the applyInPandasWithState "
+                    "adapter replays changes before the function runs)", name)
             meta, raw = entry
             _apply(meta, raw, code, args)
 
