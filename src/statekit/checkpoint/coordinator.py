@@ -164,7 +164,13 @@ class CheckpointCoordinator:
             if errors:
                 self._fail(pending, errors[0])  # type: ignore[arg-type]
                 continue
-            self._complete(pending)
+            try:
+                self._complete(pending)
+            except CheckpointError as exc:
+                if cid in self.pending:  # committing _metadata failed: a failed checkpoint
+                    self._fail(pending, exc)
+                    continue
+                raise
             done.append(cid)
         return done
 

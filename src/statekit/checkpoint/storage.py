@@ -134,10 +134,12 @@ class CheckpointStorageAccess:
         for path in candidates - in_use:
             self.store.delete(path)
 
-    def cleanup_orphans(self, in_flight: set[str] | None = None) -> list[str]:
+    def cleanup_orphans(self, in_flight: set[str] | None = None, temporary: bool = True) -> list[str]:
         """Delete files of checkpoints that never completed and shared files nothing references.
 
-        ``in_flight`` names files of checkpoints still being written, which must survive.
+        ``in_flight`` names files of checkpoints still being written, which must survive;
+        ``temporary`` also deletes temp files of interrupted local writes (only safe while no
+        writer is active, e.g. at job start after a crash).
         """
         completed = self.completed()
         referenced: set[str] = set(in_flight or ())
@@ -150,6 +152,8 @@ class CheckpointStorageAccess:
             orphan_chk = match is not None and f"chk-{match.group(1)}/" not in done
             if (orphan_chk or key.startswith(SHARED_PREFIX)) and key not in referenced:
                 removed.append(key)
+        if temporary:
+            removed += self.store.list_temporary()
         for key in removed:
             self.store.delete(key)
         return removed

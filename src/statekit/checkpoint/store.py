@@ -85,6 +85,10 @@ class BlobStore(ABC):
         for key in self.list(prefix):
             self.delete(key)
 
+    def list_temporary(self) -> list[str]:
+        """Leftover temp files of interrupted atomic writes (local disk only)."""
+        return []
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -165,6 +169,7 @@ class FsspecBlobStore(BlobStore):
         self._fs: Any = None
         self._pid = -1
         self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
         fs, path = self._resolve()
         self.local = "file" in _protocols(fs)
         self.root = path.rstrip("/") if path != "/" else path
@@ -179,11 +184,14 @@ class FsspecBlobStore(BlobStore):
     @property
     def fs(self) -> Any:
         """The file system, created anew in each process (fsspec async file systems are not fork-safe)."""
-        if self._fs is None or self._pid != os.getpid():
+        pid = os.getpid()
+        if self._fs is None or self._pid != pid:
+            if self._lock_pid != pid:  # a lock inherited through fork may be held forever
+                self._lock, self._lock_pid = threading.Lock(), pid
             with self._lock:
-                if self._fs is None or self._pid != os.getpid():
+                if self._fs is None or self._pid != pid:
                     self._fs, _ = self._resolve()
-                    self._pid = os.getpid()
+                    self._pid = pid
         return self._fs
 
     def __getstate__(self) -> dict[str, Any]:
@@ -196,6 +204,7 @@ class FsspecBlobStore(BlobStore):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
@@ -212,19 +221,19 @@ class FsspecBlobStore(BlobStore):
         except FileNotFoundError as exc:
             raise CheckpointNotFoundError(f"{what}: not found ({exc})") from exc
         except OSError as exc:
-            raise CheckpointStorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise CheckpointStorageError(f"cannot {what}: {type(exc).__name__}: {exc}") from exc
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if self.local:
-            self._call(f"cannot write {path}", lambda: _atomic_local_write(path, data))
+            self._call(f"write {path}", lambda: _atomic_local_write(path, data))
         elif len(data) > self.multipart_threshold:
-            self._call(f"cannot write {path}", lambda: self._multipart_put(path, data))
+            self._call(f"write {path}", lambda: self._multipart_put(path, data))
         else:
             def pipe() -> None:
                 _op("put", path)
                 self.fs.pipe_file(path, bytes(data))
-            self._call(f"cannot write {path}", pipe)
+            self._call(f"write {path}", pipe)
 
     def _multipart_put(self, path: str, data: bytes) -> None:
         """A multipart upload: invisible until its completion, aborted on any failure."""
@@ -256,7 +265,7 @@ class FsspecBlobStore(BlobStore):
             return bytes(self.fs.cat_file(path, start=start, end=end))
 
         try:
-            return self._call(f"cannot read {path}", read)
+            return self._call(f"read {path}", read)
         except CheckpointNotFoundError as exc:
             raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
 
@@ -268,7 +277,7 @@ class FsspecBlobStore(BlobStore):
                 self.fs.invalidate_cache(posixpath.dirname(path))
             return bool(self.fs.exists(path))
 
-        return self._call(f"cannot check {path}", check)
+        return self._call(f"check {path}", check)
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -280,7 +289,7 @@ class FsspecBlobStore(BlobStore):
             except FileNotFoundError:
                 pass
 
-        self._call(f"cannot delete {path}", remove)
+        self._call(f"delete {path}", remove)
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)
@@ -292,6 +301,15 @@ class FsspecBlobStore(BlobStore):
                         os.rmdir(dirpath)
                     except OSError:
                         pass
+
+    def list_temporary(self) -> list[str]:
+        if not self.local or not os.path.isdir(self.root):
+            return []
+        found = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            found += [f if rel == "." else f"{rel}/{f}" for f in files if f.startswith(".tmp-")]
+        return sorted(found)
 
     def list(self, prefix: str = "") -> list[str]:
         base = self.root
@@ -305,7 +323,7 @@ class FsspecBlobStore(BlobStore):
             except FileNotFoundError:
                 return []
 
-        found = self._call(f"cannot list {base}", find)
+        found = self._call(f"list {base}", find)
         strip = len(base.rstrip("/")) + 1
         keys = []
         for full in found:

@@ -294,6 +294,15 @@ class LocalJob:
             )
         return _RestorePoint(metadata, reader, str(path))
 
+    def _size_limits(self) -> tuple[int | None, int | None]:
+        """Configured ``state.backend.max-key-size`` / ``max-value-size`` (None: default)."""
+        from statekit.runtime import config as cfg
+        from statekit.state.limits import MAX_KEY_SIZE_KEY, MAX_VALUE_SIZE_KEY
+
+        conf = self.env.get_configuration()
+        return (cfg.get(conf, MAX_KEY_SIZE_KEY, cfg.parse_size),
+                cfg.get(conf, MAX_VALUE_SIZE_KEY, cfg.parse_size))
+
     def _recover_from_older(self) -> bool:
         """Whether a damaged newest checkpoint may be skipped for an older intact one."""
         from statekit.runtime import config as cfg
@@ -308,6 +317,7 @@ class LocalJob:
                 key_serializer=self.key_serializer, key_group_range=rng,
                 max_parallelism=self.max_parallelism, operator_id=OPERATOR,
             )
+            backend.set_size_limits(*self._size_limits())
             name = f"{OPERATOR}-{index}"
             task = _Task(index, name, rng, backend, copy.deepcopy(self.func),
                          KeyedProcessFunction.Context(backend))
