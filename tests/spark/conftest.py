@@ -20,8 +20,9 @@ def session(**conf):
     active = SparkSession.getActiveSession()
     if active is not None:
         current = dict(active.sparkContext.getConf().getAll())
+        reuse = "spark.python.worker.reuse"
         if all(current.get(k) == str(v) for k, v in conf.items()) and \
-                current.get("spark.python.worker.reuse", "true") == conf.get("spark.python.worker.reuse", "true"):
+                current.get(reuse, "true") == conf.get(reuse, "true"):
             return active
         active.stop()
     return local_spark(master="local[2,3]", app_name="statekit-tests", conf=conf)

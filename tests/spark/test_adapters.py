@@ -1,4 +1,4 @@
-"""End-to-end: both adapters × {hashmap, rocksdb} × {jobmanager, filesystem} on local Spark.
+"""End-to-end: both adapters x {hashmap, rocksdb} x {jobmanager, filesystem} on local Spark.
 
 Each run injects a task failure mid-partition (Spark retries the task), makes the query fail after
 a batch's state was committed but before Spark committed the batch (the restarted query re-runs

@@ -1,4 +1,4 @@
-"""End-to-end: the applyInPandasWithState adapter × {hashmap, rocksdb} × {jobmanager, filesystem}."""
+"""End-to-end: the applyInPandasWithState adapter x {hashmap, rocksdb} x {jobmanager, filesystem}."""
 
 import pandas as pd
 import pytest

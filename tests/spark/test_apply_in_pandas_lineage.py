@@ -11,8 +11,15 @@ import time
 import pandas as pd
 import pytest
 
-from statekit import HashMapStateBackend, KeyedProcessFunction, MapStateDescriptor, StateTtlConfig, Time, Types
-from statekit import ValueStateDescriptor
+from statekit import (
+    HashMapStateBackend,
+    KeyedProcessFunction,
+    MapStateDescriptor,
+    StateTtlConfig,
+    Time,
+    Types,
+    ValueStateDescriptor,
+)
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.errors import CorruptCheckpointError
 from statekit.spark import apply_in_pandas as aip

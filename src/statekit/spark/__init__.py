@@ -4,4 +4,10 @@ from statekit.spark.adapters import foreach_batch, statekit_conf, transform_with
 from statekit.spark.apply_in_pandas import apply_in_pandas_with_state
 from statekit.spark.session import local_spark
 
-__all__ = ["apply_in_pandas_with_state", "foreach_batch", "local_spark", "statekit_conf", "transform_with_state"]
+__all__ = [
+    "apply_in_pandas_with_state",
+    "foreach_batch",
+    "local_spark",
+    "statekit_conf",
+    "transform_with_state",
+]
