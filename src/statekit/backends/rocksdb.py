@@ -232,13 +232,17 @@ class _RocksState:
 
     def _delete_prefix(self, prefix: bytes) -> None:
         batch = WriteBatch(raw_mode=True)
+        self._delete_prefix_into(batch, prefix)
+        if len(batch):
+            self._b._db.write(batch)
+
+    def _delete_prefix_into(self, batch: WriteBatch, prefix: bytes) -> None:
+        """Add deletes of every entry under ``prefix`` to ``batch``."""
         handle = self._handle
         for key in self._cf.keys(from_key=prefix):
             if not key.startswith(prefix):
                 break
             batch.delete(key, handle)
-        if len(batch):
-            self._b._db.write(batch)
 
 
 class RocksDBValueState(_RocksState, ValueState):
@@ -320,11 +324,7 @@ class RocksDBListState(_RocksState, ListState):
         prefix = self._prefix()
         values = self._validated(values)
         batch = WriteBatch(raw_mode=True)
-        handle = self._handle
-        for key in self._cf.keys(from_key=prefix):
-            if not key.startswith(prefix):
-                break
-            batch.delete(key, handle)
+        self._delete_prefix_into(batch, prefix)
         self._append(batch, prefix, 0, values)
         if len(batch):
             self._b._db.write(batch)

@@ -343,36 +343,24 @@ class PartitionRuntime:
     def _run(self, key: Any, frames: Iterator[Any], timed_out: bool) -> list[Any]:
         import pandas as pd
 
-        outputs: list[Any] = []
         function = self.function
-        if timed_out:
-            rows: list[Any] = []
-            for ts, domain in self.timers.pop_due(self._processing_time(), self._watermark()):
-                ctx = KeyedProcessFunction.OnTimerContext(self.backend, self.timers, domain)
-                produced = function.on_timer(ts, ctx)
-                if produced is not None:
-                    rows.extend(produced)
-            if rows:
-                outputs.append(pd.DataFrame(rows, columns=self.spec.output_columns))
-            return outputs
-        if self.spec.vectorized:
+        if self.spec.vectorized and not timed_out:
             bulk = BulkState(self.backend)
-            for frame in frames:
-                out = function.process_batch(frame, bulk)
-                if out is not None and len(out):
-                    outputs.append(out[self.spec.output_columns])
+            outputs = [out[self.spec.output_columns] for out in
+                       (function.process_batch(frame, bulk) for frame in frames)
+                       if out is not None and len(out)]
             self.backend.set_current_key(key)
             return outputs
-        ctx = KeyedProcessFunction.Context(self.backend, self.timers)
-        rows = []
-        for frame in frames:
-            for row in frame.itertuples(index=False, name=None):
-                produced = function.process_element(row, ctx)
-                if produced is not None:
-                    rows.extend(produced)
-        if rows:
-            outputs.append(pd.DataFrame(rows, columns=self.spec.output_columns))
-        return outputs
+        if timed_out:
+            produced = (function.on_timer(ts, KeyedProcessFunction.OnTimerContext(
+                self.backend, self.timers, domain))
+                for ts, domain in self.timers.pop_due(self._processing_time(), self._watermark()))
+        else:
+            ctx = KeyedProcessFunction.Context(self.backend, self.timers)
+            produced = (function.process_element(row, ctx) for frame in frames
+                        for row in frame.itertuples(index=False, name=None))
+        rows = [row for out in produced if out is not None for row in out]
+        return [pd.DataFrame(rows, columns=self.spec.output_columns)] if rows else []
 
 
 _RUNTIMES: dict[tuple[str, str, int], PartitionRuntime] = {}
