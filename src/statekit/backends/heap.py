@@ -15,7 +15,7 @@ past ``max_log_ratio`` of the base) it writes a full base instead, so recovery r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from statekit.backends.base import (
@@ -35,6 +35,7 @@ from statekit.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.types import TypeSerializer, packb
 from statekit.state.api import ListState, MapState, State, ValueState, check_value
+from statekit.state.descriptors import StateDescriptor
 
 #: Format tag of incremental heap checkpoints: a base plus ordered changelogs, both key-grouped.
 HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
@@ -714,6 +715,38 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     chunk = data.chunks.setdefault(kg, ([], []))
                     chunk[0].extend(group.keys())
                     chunk[1].extend(group.values())
+
+    def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
+        """Values of a (TTL-less) value state for many keys: one dict lookup each, no key switch."""
+        self.get_partitioned_state(descriptor)
+        table = self.tables[descriptor.name]
+        if table.cow and not table.meta.stored_serializer.immutable:
+            state = self._states[descriptor.name][1]
+            out = []
+            for key in keys:  # hand out private copies while a snapshot shares the values
+                self.current_key = key
+                out.append(state.value())  # type: ignore[attr-defined]
+            return out
+        get = table.data.get
+        if table.dirty is not None and not table.meta.stored_serializer.immutable:
+            table.dirty.update(keys)  # mutable values handed out may be changed in place
+        return [get(key) for key in keys]
+
+    def bulk_put(self, descriptor: StateDescriptor, keys: Sequence[Any],
+                 values: Sequence[Any]) -> None:
+        """Set a (TTL-less) value state for many keys; None clears a key."""
+        self.get_partitioned_state(descriptor)
+        table = self.tables[descriptor.name]
+        serializer = table.meta.stored_serializer
+        data = table.data
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                data.pop(key, None)
+            else:
+                check_value(serializer, value, descriptor.name)
+                data[key] = value
+        if table.dirty is not None:
+            table.dirty.update(keys)
 
     def dispose(self) -> None:
         self.tables.clear()

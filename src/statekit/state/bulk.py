@@ -1,8 +1,8 @@
 """Bulk state access for vectorized functions: many keys of one state in one call.
 
 Backends may provide ``bulk_get(descriptor, keys)`` / ``bulk_put(descriptor, keys, values)`` fast
-paths (one multi-get / one write batch); otherwise each key is visited through the regular
-state API, which keeps TTL, type checks and copy-on-write exactly as for single access.
+paths (one multi-get / one write batch); otherwise, and whenever TTL or a state interceptor
+(change recording) is involved, each key is visited through the regular state API.
 """
 
 from __future__ import annotations
@@ -24,11 +24,16 @@ class BulkState:
         if descriptor.kind != StateKind.VALUE:
             raise TypeError(f"bulk access covers value states, not {descriptor.kind.value} states")
 
+    def _fast(self, name: str, descriptor: StateDescriptor) -> Any:
+        if descriptor.ttl_config is not None or self.backend.state_interceptor is not None:
+            return None
+        return getattr(self.backend, name, None)
+
     def get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
         """The current value of ``descriptor`` for each key (None where unset)."""
         self._check(descriptor)
-        fast = getattr(self.backend, "bulk_get", None)
-        if fast is not None and descriptor.ttl_config is None:
+        fast = self._fast("bulk_get", descriptor)
+        if fast is not None:
             return list(fast(descriptor, keys))
         read = self.backend.get_partitioned_state(descriptor).value  # type: ignore[attr-defined]
         out = []
@@ -43,8 +48,8 @@ class BulkState:
         self._check(descriptor)
         if len(keys) != len(values):
             raise ValueError("keys and values differ in length")
-        fast = getattr(self.backend, "bulk_put", None)
-        if fast is not None and descriptor.ttl_config is None:
+        fast = self._fast("bulk_put", descriptor)
+        if fast is not None:
             fast(descriptor, keys, values)
             return
         state = self.backend.get_partitioned_state(descriptor)
