@@ -27,5 +27,24 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
+BENCH_PYTEST := $(PY) -m pytest benchmarks --ignore=benchmarks/diskprofiles -p no:cacheprovider -q -s \
+	-o testpaths=benchmarks --benchmark-sort=name --benchmark-columns=min,median,max,rounds
+BENCH_QUICK_ARGS ?= -m "not spark"
+
+bench: $(STAMP)  ## full run (~30 min + Spark): benchmarks/results/full.json -> docs/benchmarks.md, docs/img/
+	mkdir -p benchmarks/results
+	$(BENCH_PYTEST) --benchmark-json=benchmarks/results/full.json $(BENCH_ARGS); status=$$?; \
+	BENCH_ARGS='$(BENCH_ARGS)' $(PY) -m benchmarks.report benchmarks/results/full.json --command "make bench" \
+		--out docs/benchmarks.md --img-dir docs/img; exit $$status
+
+.PHONY: bench-quick
+bench-quick: $(STAMP)  ## < 3 min, no timing assertions (CI): benchmarks/results/quick.{json,md}
+	mkdir -p benchmarks/results
+	STATEKIT_BENCH_QUICK=1 $(BENCH_PYTEST) --benchmark-json=benchmarks/results/quick.json \
+		$(BENCH_QUICK_ARGS) $(BENCH_ARGS); status=$$?; \
+	$(PY) -m benchmarks.report benchmarks/results/quick.json --command "make bench-quick" \
+		--spark benchmarks/results/spark-quick.json --out benchmarks/results/quick.md \
+		--img-dir benchmarks/results/img-quick; exit $$status
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks

@@ -9,13 +9,12 @@ thread most of the GIL) meets the targets; ``fork`` (a child serializes its froz
 has a shorter asynchronous part but, on a small shared machine, the child's CPU use and the
 parent's copy-on-write page faults cost the processing thread more, so it is recorded only.
 
-Full mode (1M keys) asserts the issue's targets; ``STATEKIT_BENCH_QUICK=1`` uses 100k keys and only
+Full mode (1M keys) records the issue's targets (asserted with ``STATEKIT_BENCH_STRICT=1``); ``STATEKIT_BENCH_QUICK=1`` uses 100k keys and only
 records the figures.  Run: ``pytest benchmarks/test_heap_snapshot_bench.py -s``.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -24,12 +23,12 @@ from typing import Any
 
 import pytest
 
+from benchmarks._common import QUICK, STRICT
 from statekit import FileSystemCheckpointStorage, HashMapStateBackend, Types, ValueStateDescriptor
 from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import serializer_for
 
-QUICK = os.environ.get("STATEKIT_BENCH_QUICK") == "1"
 N = 100_000 if QUICK else 1_000_000
 MAXP = 128
 COUNT = ValueStateDescriptor("count", Types.LONG())
@@ -125,10 +124,9 @@ def test_heap_async_snapshot_stall_and_throughput(benchmark: Any, tmp_path: Path
     }
     benchmark.extra_info.update(figures)
     print("\nheap snapshot figures:", figures)
-    if not QUICK:
+    if STRICT and mode == "thread":  # the default; fork is measured for comparison only
         assert figures["stall_ratio"] <= 0.10
-        if mode == "thread":  # the default; fork is measured for comparison (see module docstring)
-            assert figures["throughput_ratio"] >= 0.50
+        assert figures["throughput_ratio"] >= 0.50
 
 
 def test_heap_incremental_checkpoint_size(benchmark: Any, tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""statekit benchmarks (pytest-benchmark); see docs/benchmarks.md and ``make bench``."""
