@@ -9,8 +9,8 @@ thread most of the GIL) meets the targets; ``fork`` (a child serializes its froz
 has a shorter asynchronous part but, on a small shared machine, the child's CPU use and the
 parent's copy-on-write page faults cost the processing thread more, so it is recorded only.
 
-Full mode (1M keys) records the issue's targets (asserted with ``STATEKIT_BENCH_STRICT=1``); ``STATEKIT_BENCH_QUICK=1`` uses 100k keys and only
-records the figures.  Run: ``pytest benchmarks/test_heap_snapshot_bench.py -s``.
+Full mode (1M keys) records the issue's targets (asserted with ``STATEKIT_BENCH_STRICT=1``);
+``STATEKIT_BENCH_QUICK=1`` uses 100k keys.  Run: ``pytest benchmarks/test_heap_snapshot_bench.py -s``.
 """
 
 from __future__ import annotations
