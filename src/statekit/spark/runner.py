@@ -48,6 +48,9 @@ class AdapterSpec:
         return isinstance(self.function, VectorizedKeyedFunction)
 
 
+_TOKENS: dict[tuple[int, int, int, int], str] = {}
+
+
 @dataclass
 class TaskInfo:
     """Identity of the running Spark task (from ``TaskContext`` and its local properties)."""
@@ -69,8 +72,12 @@ class TaskInfo:
         if batch is None:
             raise StatekitError("no micro-batch id: statekit adapters need a streaming query")
         query = tc.getLocalProperty(QUERY_ID) or "query"
-        token = new_attempt_token(tc.stageId(), tc.partitionId(), tc.attemptNumber(),
-                                  tc.taskAttemptId())
+        ids = (tc.stageId(), tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId())
+        token = _TOKENS.get(ids)
+        if token is None:  # one token per task attempt: every call of the task shares it
+            if len(_TOKENS) > 10_000:
+                _TOKENS.clear()
+            token = _TOKENS[ids] = new_attempt_token(*ids)
         return TaskInfo(int(batch), query, tc.partitionId(), tc.attemptNumber(), token)
 
 
