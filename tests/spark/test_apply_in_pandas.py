@@ -1,5 +1,7 @@
 """End-to-end: the applyInPandasWithState adapter x {hashmap, rocksdb} x {jobmanager, filesystem}."""
 
+from collections import Counter
+
 import pandas as pd
 import pytest
 
@@ -25,6 +27,11 @@ def test_exactly_once_across_retry_rerun_and_restart(spark, tmp_path, backend, s
     assert sorted(sink.by_batch) == list(range(6))
     assert sink.final() == expected(pd.concat([frame, frame2]))
     assert sum(len(rows) for rows in sink.by_batch.values()) == len(frame) + len(frame2)
+    if storage == "filesystem":  # one durable marker per task attempt, and snapshots were taken
+        markers = list((tmp_path / "statekit").rglob("attempts/b*/*"))
+        per_batch = Counter(str(m.parent) for m in markers)
+        assert markers and max(per_batch.values()) <= 2
+        assert list((tmp_path / "statekit").rglob("chk-*/_metadata"))
 
 
 def test_vectorized_per_key_form(spark, tmp_path):
