@@ -743,11 +743,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         incremental = self.incremental
 
         def upload(path: Path) -> tuple[str, dict[str, Any]]:
-            data = path.read_bytes()
+            # streamed: a kernel copy / streamed upload, the crc computed alongside
             if path.suffix == ".sst":
                 shared = path.name if incremental else None
-                return path.name, streams.write(data, state_name=path.name, shared_name=shared)
-            return path.name, streams.write(data, state_name=path.name)
+                return path.name, streams.write_file(path, state_name=path.name, shared_name=shared)
+            return path.name, streams.write_file(path, state_name=path.name)
 
         misc: dict[str, dict[str, Any]] = {}
         for name, handle in self._pool_map(upload, todo):
@@ -869,8 +869,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 raise CorruptCheckpointError(f"unsafe file name {name!r} in a RocksDB checkpoint")
 
         def fetch(item: tuple[str, dict[str, Any]]) -> None:
+            # SST files are immutable: a local-disk store may hard-link them (Flink's local
+            # recovery); MANIFEST, CURRENT, OPTIONS... are copied, RocksDB may rewrite them
             name, file_handle = item
-            (dest / name).write_bytes(reader.read(file_handle))
+            reader.read_file(file_handle, dest / name, allow_link=name.endswith(".sst"))
 
         self._pool_map(fetch, files)
 

@@ -6,6 +6,7 @@ one implementation per medium.  Keys are validated so nothing reads or writes ou
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import threading
@@ -88,6 +89,26 @@ class BlobStore(ABC):
     def list_temporary(self) -> list[str]:
         """Leftover temp files of interrupted atomic writes (local disk only)."""
         return []
+
+    def put_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
+        """Store the contents of the local file ``local_path`` under ``key``, atomically as ``put``.
+
+        The default reads the file into memory and calls :meth:`put`; stores that can copy
+        without the round trip through Python (kernel copy, multipart upload) override it.
+        """
+        with open(local_path, "rb") as fh:
+            data = fh.read()
+        self.put(key, data)
+
+    def get_file(self, key: str, local_path: str | os.PathLike[str], *, allow_link: bool = False) -> None:
+        """Write the blob ``key`` into the local file ``local_path`` (created or replaced).
+
+        ``allow_link`` lets a store on the local disk hard-link the blob instead of copying it; the
+        caller then promises never to modify ``local_path`` in place (only read, rename, delete).
+        CheckpointNotFoundError when the blob is missing.  The caller verifies the contents.
+        """
+        data = self.get(key)
+        write_local_file(os.fspath(local_path), data)
 
     def describe(self) -> str:
         return type(self).__name__
@@ -255,6 +276,38 @@ class FsspecBlobStore(BlobStore):
                 handle.closed = True  # never let close() or __del__ commit a partial upload
             raise
 
+    def put_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
+        """Local disk: kernel copy into a temp file, fsync, rename, fsync the directory (as ``put``).
+        Object stores: ``fs.put_file`` (s3fs streams large files as a multipart upload, which is
+        invisible until its completion)."""
+        path, source = self._path(key), os.fspath(local_path)
+        if self.local:
+            self._call(f"write {path}", lambda: _atomic_local_copy(path, source))
+        else:
+            def upload() -> None:
+                _op("put", path)
+                self.fs.put_file(source, path)
+            self._call(f"write {path}", upload)
+
+    def get_file(self, key: str, local_path: str | os.PathLike[str], *, allow_link: bool = False) -> None:
+        """Local disk: a hard link when allowed and possible, else a kernel copy.  Object stores:
+        ``fs.get_file`` (a streamed download).  Retried per the store's policy."""
+        path, dest = self._path(key), os.fspath(local_path)
+        parent = os.path.dirname(os.path.abspath(dest))
+        os.makedirs(parent, exist_ok=True)  # a missing parent must not look like a missing blob
+        if self.local:
+            def fetch() -> None:
+                if allow_link and _try_link(path, dest):
+                    return
+                _local_copy(path, dest)
+        else:
+            def fetch() -> None:
+                self.fs.get_file(path, dest)
+        try:
+            self._call(f"read {path}", fetch)
+        except CheckpointNotFoundError as exc:
+            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+
     def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
         path = self._path(key)
 
@@ -339,17 +392,32 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 
 def _atomic_local_write(path: str, data: bytes) -> None:
+    def fill(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    _atomic_local_commit(path, fill)
+
+
+def _atomic_local_copy(path: str, source: str) -> None:
+    """``path`` atomically replaced by a copy of the local file ``source`` (copied in the kernel)."""
+    with open(source, "rb", buffering=0) as src:  # opened first: a missing source leaves no temp file
+        _atomic_local_commit(path, lambda fd: _kernel_copy(src.fileno(), fd, start_writeback=True))
+
+
+def _atomic_local_commit(path: str, fill: Callable[[int], None]) -> None:
+    """Write a temp file in ``path``'s directory with ``fill(fd)``, fsync it, rename it over
+    ``path`` and fsync the directory: readers see the old or the whole new file."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
     _op("create-temp", tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        view = memoryview(data)
         _op("write", tmp)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        fill(fd)
         _op("fsync", tmp)
         os.fsync(fd)
     except BaseException:
@@ -365,3 +433,85 @@ def _atomic_local_write(path: str, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+_COPY_CHUNK = 16 * 1024 * 1024
+#: errors of ``copy_file_range`` / ``link`` meaning "not supported here": fall back to a plain copy
+_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM,
+                errno.EACCES, errno.EMLINK, errno.ETXTBSY}
+
+
+def _kernel_copy(src_fd: int, dst_fd: int, *, start_writeback: bool = False) -> None:
+    """Copy from ``src_fd``'s offset to its end into ``dst_fd``: ``copy_file_range`` (no copy
+    through user space; a reflink where the file system can) with a read/write fallback.
+
+    ``start_writeback`` (for a copy about to be fsynced): after each chunk, start the disk writes
+    of the chunk (``POSIX_FADV_DONTNEED`` on dirty pages starts their writeback without waiting,
+    like RocksDB's ``bytes_per_sync``), so the final fsync does not wait for the whole file.
+    """
+    advise = getattr(os, "posix_fadvise", None) if start_writeback else None
+    offset = os.lseek(dst_fd, 0, os.SEEK_CUR) if advise is not None else 0
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            while n := copy_range(src_fd, dst_fd, _COPY_CHUNK):
+                if advise is not None and n == _COPY_CHUNK:  # more follows: start the writes now
+                    advise(dst_fd, offset, n, os.POSIX_FADV_DONTNEED)
+                offset += n
+            # some file systems report 0 ("nothing to copy") too early: finish with read/write
+            if os.lseek(src_fd, 0, os.SEEK_CUR) >= os.fstat(src_fd).st_size:
+                return
+        except OSError as exc:
+            if exc.errno not in _UNSUPPORTED:
+                raise
+        # both offsets advanced by what was copied: continue from there
+    buf = bytearray(_COPY_CHUNK)
+    view = memoryview(buf)
+    while n := os.readv(src_fd, [buf]):
+        chunk = view[:n]
+        while chunk:
+            chunk = chunk[os.write(dst_fd, chunk):]
+        if advise is not None and n == _COPY_CHUNK:
+            advise(dst_fd, offset, n, os.POSIX_FADV_DONTNEED)
+        offset += n
+
+
+def _local_copy(source: str, dest: str) -> None:
+    """``dest`` (created or truncated) as a kernel copy of ``source``; not fsynced (a restore target)."""
+    with open(source, "rb", buffering=0) as src:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _kernel_copy(src.fileno(), fd)
+        finally:
+            os.close(fd)
+
+
+def _try_link(source: str, dest: str) -> bool:
+    """Hard-link ``source`` as ``dest`` (replacing it); False when the file system cannot."""
+    tmp = os.path.join(os.path.dirname(dest) or ".", f".tmp-{uuid.uuid4().hex}")
+    try:
+        os.link(source, tmp)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED:
+            return False
+        raise
+    try:
+        os.replace(tmp, dest)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
+def write_local_file(path: str, data: bytes) -> None:
+    """``path`` created or truncated and filled with ``data`` (a restore target: no fsync)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)

@@ -1,0 +1,401 @@
+"""File-based checkpoint transfers: ``BlobStore.put_file``/``get_file`` and
+``CheckpointStreams.write_file``/``StateReader.read_file``, on local disk, fsspec ``memory://``,
+the in-process memory store and the local S3 server; plus the RocksDB backend using them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+import zlib
+
+import pytest
+
+from statekit.checkpoint import store as store_module
+from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.store import FsspecBlobStore, MemoryBlobStore
+from statekit.checkpoint.streams import CheckpointStreams, StateReader, file_crc
+from statekit.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ChecksumMismatchError,
+    StateSizeError,
+    TruncatedCheckpointError,
+    UnsafePathError,
+)
+
+KINDS = ["local", "memory-fs", "memory", "s3"]
+SIZES = [0, 1, 1000, 8 * 1024 * 1024 + 17]  # empty, tiny, small, more than one 8 MiB crc chunk
+
+
+@pytest.fixture(params=KINDS)
+def store(request, tmp_path):
+    kind = request.param
+    if kind == "local":
+        return FsspecBlobStore(str(tmp_path / "root"))
+    if kind == "memory-fs":
+        return FsspecBlobStore(f"memory://statekit-ft-{uuid.uuid4().hex}")
+    if kind == "memory":
+        return MemoryBlobStore()
+    server = request.getfixturevalue("s3_server")
+    url = request.getfixturevalue("s3_url")
+    return FsspecBlobStore(url + "/ft", server.storage_options())
+
+
+def _source(tmp_path, size: int, name: str = "src.bin") -> tuple[str, bytes]:
+    data = os.urandom(size)
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path), data
+
+
+# --- BlobStore.put_file / get_file ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_put_file_get_file_round_trip(store, tmp_path, size):
+    src, data = _source(tmp_path, size)
+    store.put_file("chk-1/a.sst", src)
+    assert store.exists("chk-1/a.sst")
+    assert store.get("chk-1/a.sst") == data
+    dest = tmp_path / "out" / "nested" / "a.sst"  # missing parents are created
+    store.get_file("chk-1/a.sst", dest)
+    assert dest.read_bytes() == data
+    assert store.list_temporary() == []
+
+
+def test_put_file_replaces_and_accepts_pathlike(store, tmp_path):
+    first, _ = _source(tmp_path, 5000, "one")
+    _, data = _source(tmp_path, 300, "two")
+    store.put_file("k", first)
+    store.put_file("k", tmp_path / "two")
+    assert store.get("k") == data
+    dest = tmp_path / "dest"
+    dest.write_bytes(b"x" * 10_000)  # an existing, longer file is replaced, not overwritten in part
+    store.get_file("k", str(dest))
+    assert dest.read_bytes() == data
+    assert store.list("") == ["k"]
+
+
+def test_get_file_missing_is_typed(store, tmp_path):
+    with pytest.raises(CheckpointNotFoundError):
+        store.get_file("chk-1/nope", tmp_path / "x")
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs", "a/../../b", "s3://x/y"])
+def test_put_file_and_get_file_check_keys(store, tmp_path, key):
+    src, _ = _source(tmp_path, 10)
+    with pytest.raises(UnsafePathError):
+        store.put_file(key, src)
+    with pytest.raises(UnsafePathError):
+        store.get_file(key, tmp_path / "x")
+
+
+def test_local_put_file_missing_source_leaves_nothing(tmp_path):
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    with pytest.raises((FileNotFoundError, CheckpointError)):
+        store.put_file("a/b", tmp_path / "does-not-exist")
+    assert not store.exists("a/b")
+    assert store.list_temporary() == []
+
+
+def test_local_put_file_is_atomic_and_fsynced(tmp_path, monkeypatch):
+    """The same operation sequence as ``put``: temp, write, fsync, rename, directory fsync."""
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    src, data = _source(tmp_path, 100_000)
+    ops: list[str] = []
+    previous = store_module.set_operation_hook(lambda op, path: ops.append(op))
+    try:
+        store.put_file("x/y", src)
+    finally:
+        store_module.set_operation_hook(previous)
+    assert ops == ["create-temp", "write", "fsync", "rename", "fsync-dir"]
+    assert store.get("x/y") == data
+
+
+def test_local_put_file_failure_mid_copy_removes_temp(tmp_path, monkeypatch):
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    src, _ = _source(tmp_path, 1000)
+    store.put("k", b"old")
+
+    def boom(src_fd, dst_fd, **kwargs):
+        raise OSError(5, "injected I/O error")
+
+    monkeypatch.setattr(store_module, "_kernel_copy", boom)
+    with pytest.raises(CheckpointError):
+        store.put_file("k", src)
+    assert store.get("k") == b"old"
+    assert store.list_temporary() == []
+
+
+def test_kernel_copy_falls_back_when_unsupported(tmp_path, monkeypatch):
+    import errno
+
+    def unsupported(*args):
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported, raising=False)
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    src, data = _source(tmp_path, 9 * 1024 * 1024 + 3)
+    store.put_file("k", src)
+    store.get_file("k", tmp_path / "back")
+    assert (tmp_path / "back").read_bytes() == data
+
+
+def test_kernel_copy_finishes_when_copy_file_range_stops_early(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "copy_file_range", lambda *args: 0, raising=False)
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    src, data = _source(tmp_path, 100_000)
+    store.put_file("k", src)
+    assert store.get("k") == data
+
+
+def test_local_get_file_links_only_when_allowed(tmp_path):
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    src, data = _source(tmp_path, 4096)
+    store.put_file("k", src)
+    blob = tmp_path / "root" / "k"
+    store.get_file("k", tmp_path / "copied")
+    assert os.stat(tmp_path / "copied").st_ino != blob.stat().st_ino
+    store.get_file("k", tmp_path / "linked", allow_link=True)
+    assert os.stat(tmp_path / "linked").st_ino == blob.stat().st_ino
+    assert (tmp_path / "linked").read_bytes() == data
+    os.unlink(tmp_path / "linked")  # dropping the restored file leaves the checkpoint intact
+    assert store.get("k") == data
+    assert [p.name for p in (tmp_path).iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_local_get_file_link_falls_back_to_copy(tmp_path, monkeypatch):
+    import errno
+
+    def no_link(*args):
+        raise OSError(errno.EXDEV, "cross-device link")
+
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    src, data = _source(tmp_path, 4096)
+    store.put_file("k", src)
+    monkeypatch.setattr(os, "link", no_link)
+    store.get_file("k", tmp_path / "out", allow_link=True)
+    assert (tmp_path / "out").read_bytes() == data
+
+
+def test_remote_put_file_retries_transient_errors(tmp_path):
+    from statekit.checkpoint.retry import RetryPolicy, TransientStorageError
+
+    store = FsspecBlobStore(f"memory://statekit-ft-{uuid.uuid4().hex}",
+                            retry=RetryPolicy(retries=2, initial_backoff=0.001, max_backoff=0.001))
+    src, data = _source(tmp_path, 2000)
+    real = store.fs.put_file
+    calls = []
+
+    def flaky(lpath, rpath, **kwargs):
+        calls.append(rpath)
+        if len(calls) == 1:
+            raise TransientStorageError("injected")
+        return real(lpath, rpath, **kwargs)
+
+    store.fs.put_file = flaky
+    store.put_file("k", src)
+    assert len(calls) == 2
+    assert store.get("k") == data
+
+
+# --- CheckpointStreams.write_file / StateReader.read_file ----------------------------------------
+
+
+def _streams(store, threshold=1024, **kwargs) -> CheckpointStreams:
+    return CheckpointStreams(store, "chk-3/", "task 0", threshold, **kwargs)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_write_file_handle_matches_write(store, tmp_path, size):
+    src, data = _source(tmp_path, size)
+    streams = _streams(store)
+    handle = streams.write_file(src, state_name="000012.sst")
+    expected = streams.write(data, state_name="000012.sst")
+    assert handle["type"] == expected["type"]
+    assert (handle["size"], handle["crc"]) == (size, zlib.crc32(data))
+    if size < 1024:
+        assert handle == expected
+    else:
+        assert handle["path"].startswith("chk-3/task_0-000012.sst-")
+        assert handle["path"] != expected["path"]  # unique names
+        assert store.get(handle["path"]) == data
+    out = tmp_path / "restore" / "000012.sst"
+    StateReader(store).read_file(handle, out)
+    assert out.read_bytes() == data
+    assert StateReader(store).read(handle) == data  # readable by the byte path too
+
+
+def test_write_file_shared_and_accounting(store, tmp_path):
+    src, _ = _source(tmp_path, 10)  # under the threshold, but shared files are never inline
+    streams = _streams(store)
+    handle = streams.write_file(src, state_name="x", shared_name="000007.sst")
+    assert handle["type"] == "file" and handle["path"].startswith("shared/task_0-000007.sst-")
+    assert streams.written == [handle["path"]]
+    assert streams.bytes_written == 10
+    assert streams.files_written == 1
+    no_shared = _streams(store, allow_shared=False)
+    assert no_shared.write_file(src, state_name="x", shared_name="s")["path"].startswith("chk-3/")
+
+
+def test_write_file_limits(tmp_path):
+    store = MemoryBlobStore()
+    src, _ = _source(tmp_path, 2000)
+    with pytest.raises(StateSizeError):
+        _streams(store, threshold=10**9, max_state_size=1000).write_file(src, state_name="big")
+    streams = _streams(store)
+    streams.cancelled = True
+    with pytest.raises(CheckpointError):
+        streams.write_file(src, state_name="x")
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("size", [5000, 6 * 1024 * 1024])  # checksummed inline / on a helper thread
+def test_write_file_source_changing_leaves_no_orphan(store, tmp_path, monkeypatch, size):
+    from statekit.checkpoint import streams as streams_module
+
+    src, _ = _source(tmp_path, size)
+    monkeypatch.setattr(streams_module, "file_crc", lambda path: (0, size + 1))
+    streams = _streams(store)
+    with pytest.raises(CheckpointError, match="changed"):
+        streams.write_file(src, state_name="000003.sst", shared_name="000003.sst")
+    assert store.list() == []
+    assert streams.written == [] and streams.bytes_written == 0
+
+
+def test_write_file_crc_error_propagates(tmp_path, monkeypatch):
+    from statekit.checkpoint import streams as streams_module
+
+    store = MemoryBlobStore()
+    src, _ = _source(tmp_path, 6 * 1024 * 1024)
+
+    def broken(path):
+        raise OSError(5, "injected read error")
+
+    monkeypatch.setattr(streams_module, "file_crc", broken)
+    with pytest.raises(OSError, match="injected"):
+        _streams(store).write_file(src, state_name="x")
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "extend"])
+def test_read_file_detects_damaged_blob(store, tmp_path, how):
+    src, data = _source(tmp_path, 5000)
+    handle = _streams(store).write_file(src, state_name="000001.sst")
+    bad = bytearray(data)
+    if how == "flip":
+        bad[1234] ^= 0x40
+    elif how == "truncate":
+        bad = bad[:-7]
+    else:
+        bad += b"tail"
+    store.put(handle["path"], bytes(bad))
+    out = tmp_path / "restore" / "000001.sst"
+    error = ChecksumMismatchError if how == "flip" else TruncatedCheckpointError
+    with pytest.raises(error):
+        StateReader(store).read_file(handle, out, allow_link=True)
+    assert not out.exists()  # the damaged copy is not left behind
+    with pytest.raises(error):
+        StateReader(store).read(handle)  # the byte path agrees
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_read_file_detects_damaged_download(store, tmp_path, how, monkeypatch):
+    """The download itself goes wrong (the stored blob is intact)."""
+    src, data = _source(tmp_path, 9000)
+    handle = _streams(store).write_file(src, state_name="000002.sst")
+    real = store.get_file
+
+    def damaged(key, local_path, **kwargs):
+        real(key, local_path, **kwargs)
+        with open(local_path, "rb") as fh:
+            raw = bytearray(fh.read())
+        if how == "flip":
+            raw[-1] ^= 1
+        else:
+            raw = raw[:100]
+        os.unlink(local_path)  # never write through a hard link into the checkpoint
+        with open(local_path, "wb") as fh:
+            fh.write(raw)
+
+    monkeypatch.setattr(store, "get_file", damaged)
+    out = tmp_path / "out.sst"
+    with pytest.raises(ChecksumMismatchError if how == "flip" else TruncatedCheckpointError):
+        StateReader(store).read_file(handle, out)
+    assert not out.exists()
+    assert store.get(handle["path"]) == data
+
+
+def test_read_file_missing_blob_and_bad_handles(store, tmp_path):
+    reader = StateReader(store)
+    with pytest.raises(CheckpointNotFoundError):
+        reader.read_file({"type": "file", "path": "chk-1/gone", "size": 1, "crc": 0}, tmp_path / "x")
+    with pytest.raises(UnsafePathError):
+        reader.read_file({"type": "file", "path": "../x", "size": 1, "crc": 0}, tmp_path / "x")
+    with pytest.raises(CheckpointError):
+        reader.read_file({"type": "bogus"}, tmp_path / "x")
+    with pytest.raises(ChecksumMismatchError):
+        reader.read_file({"type": "inline", "data": b"abc", "size": 3, "crc": 1}, tmp_path / "x")
+
+
+def test_file_crc_streams(tmp_path):
+    src, data = _source(tmp_path, 3 * 8 * 1024 * 1024 + 5)
+    assert file_crc(src) == (zlib.crc32(data), len(data))
+
+
+# --- the RocksDB backend on the file path ---------------------------------------------------------
+
+
+def _rocks(tmp_path, name):
+    from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+    from statekit.serde.keygroups import KeyGroupRange
+    from statekit.serde.types import Types, serializer_for
+
+    factory = EmbeddedRocksDBStateBackend(False)
+    factory.set_db_storage_paths(str(tmp_path / "work" / name))
+    factory.set_number_of_transfering_threads(2)
+    return factory.create_keyed_state_backend(key_serializer=serializer_for(Types.LONG()),
+                                              key_group_range=KeyGroupRange(0, 127), max_parallelism=128)
+
+
+@pytest.mark.parametrize("where", ["local", "memory-fs"])
+def test_rocksdb_checkpoint_restore_through_files(tmp_path, where):
+    from statekit.serde.types import Types
+    from statekit.state.descriptors import ValueStateDescriptor
+
+    desc = ValueStateDescriptor("v", Types.LONG())
+    root = str(tmp_path / "chk") if where == "local" else f"memory://statekit-ft-{uuid.uuid4().hex}"
+    access = FileSystemCheckpointStorage(root, file_state_size_threshold=64).create_access("job")
+    kb = _rocks(tmp_path, "a")
+    state = kb.get_partitioned_state(desc)
+    for k in range(2000):
+        kb.set_current_key(k)
+        state.update(k * 3)
+    streams = access.streams(1, "t0")
+    handle = kb.snapshot(1, streams).run()
+    access.commit(1, {"tasks": {"t0": handle}})
+    files = {**handle["sst"], **handle["misc"]}
+    assert handle["sst"] and all(h["type"] == "file" for h in handle["sst"].values())
+    assert all("size" in h and "crc" in h for h in files.values())
+    kb.dispose()
+
+    fresh = _rocks(tmp_path, "b")
+    fresh.restore([handle], access.reader())
+    restored = fresh.get_partitioned_state(desc)
+    for k in (0, 777, 1999):
+        fresh.set_current_key(k)
+        assert restored.value() == k * 3
+    fresh.dispose()
+    for h in files.values():  # the checkpoint survives the restored database's disposal
+        if h["type"] == "file":
+            assert access.reader().read(h)
+
+    # a damaged SST in the checkpoint: a typed error, never a silently wrong database
+    sst = next(iter(handle["sst"].values()))
+    data = bytearray(access.reader().read(sst))
+    data[len(data) // 2] ^= 0xFF
+    access.store.put(sst["path"], bytes(data))
+    broken = _rocks(tmp_path, "c")
+    with pytest.raises(ChecksumMismatchError):
+        broken.restore([handle], access.reader())
+    broken.dispose()
