@@ -86,7 +86,7 @@ def faulty_root(request):
 
 
 def run_job(url, options, *, retry=FAST, tolerable=None, restarts=0, items=ITEMS, func=None,
-            extra=None, retained=1, parallelism=2):
+            extra=None, retained=1, parallelism=2, pace=0.0003):
     env = StreamExecutionEnvironment.get_execution_environment(
         {"execution.checkpointing.interval": "10 ms", "state.checkpoints.num-retained": str(retained),
          "execution.checkpointing.max-concurrent-checkpoints": "1",
@@ -99,7 +99,7 @@ def run_job(url, options, *, retry=FAST, tolerable=None, restarts=0, items=ITEMS
         cc.set_tolerable_checkpoint_failure_number(tolerable)
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(restarts, 0) if restarts
                              else RestartStrategies.no_restart())
-    slow = env.from_collection(items).map(lambda v: (time.sleep(0.0003), v)[1])
+    slow = env.from_collection(items).map(lambda v: (time.sleep(pace), v)[1])
     return slow.key_by(lambda v: v[0]).process(func or Count()).execute_and_collect()
 
 
@@ -225,7 +225,7 @@ def _retained(request, tmp_path):
     else:
         server = request.getfixturevalue("s3_server")
         url, options = request.getfixturevalue("s3_url") + "/r", server.storage_options()
-    result = run_job(url, options, retained=3)
+    result = run_job(url, options, retained=3, pace=0.003)  # long enough for 3+ checkpoints under load
     assert len(result.retained_checkpoints) == 3
     job_dir = result.latest_checkpoint.rsplit("/", 1)[0]
     access = CheckpointStorageAccess(FsspecBlobStore(job_dir, options), job_dir, 0)

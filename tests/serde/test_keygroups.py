@@ -1,5 +1,6 @@
 """Key groups: stable across processes, contiguous ranges covering every group exactly once."""
 
+import itertools
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ def test_ranges_partition_the_groups(mp):
     max_parallelism, parallelism = mp
     ranges = [key_group_range_for_operator(max_parallelism, parallelism, i) for i in range(parallelism)]
     assert ranges[0].start == 0 and ranges[-1].end == max_parallelism - 1
-    for a, b in zip(ranges, ranges[1:], strict=False):
+    for a, b in itertools.pairwise(ranges):
         assert b.start == a.end + 1
     for index, rng in enumerate(ranges):
         for kg in (rng.start, rng.end):

@@ -25,7 +25,7 @@ def test_bulk_matches_single_access(backend):
     bulk = BulkState(backend)
     keys = [f"k{i}" for i in range(100)]
     bulk.put(desc, keys, list(range(100)))
-    assert bulk.get(desc, keys + ["missing"]) == list(range(100)) + [None]
+    assert bulk.get(desc, [*keys, "missing"]) == [*list(range(100)), None]
     backend.set_current_key("k7")
     assert backend.get_partitioned_state(desc).value() == 7
     bulk.put(desc, ["k7"], [None])
