@@ -34,16 +34,27 @@ from statekit import KeyedProcessFunction, MapStateDescriptor, Types, ValueState
 from statekit.runtime.functions import VectorizedKeyedFunction
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git() -> str:
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "src"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty-src" if dirty else "")
 OUTPUT = "key string, c long, t long"
 MAP_OUTPUT = "key string, e long, val long"
 
 # --- paths ----------------------------------------------------------------------------------------
 
 #: (path, backend, input).  ``spark-*`` backends are Spark's own state store.  Inputs: ``full`` =
-#: every file; ``slow`` = the first ``slow_files`` files (per-key Python paths, 1-2k rows/s), same keys;
-#: ``reduced`` = a small input (``apply_*`` sizes) for statekit's ``apply_in_pandas_with_state``, whose
-#: per-call cost (tens of ms per key call, see the report) rules out 50k keys; Spark's
-#: ``applyInPandasWithState`` runs on it too, so that ratio compares like with like.
+#: every file; ``slow`` = the first ``slow_files`` files (the per-key Python paths run at 1-2k rows/s),
+#: same 50k keys; ``reduced`` = a small input (``apply_*`` sizes), available for ad-hoc runs.
 ISSUE7_PATHS = [
     ("spark_apply_in_pandas_with_state", "spark-rocksdb", "slow"),
     ("spark_transform_with_state_in_pandas", "spark-rocksdb", "slow"),
@@ -54,9 +65,8 @@ ISSUE7_PATHS = [
     ("foreach_batch_vectorized", "rocksdb", "full"),
     ("transform_with_state", "hashmap", "slow"),
     ("transform_with_state", "rocksdb", "slow"),
-    ("spark_apply_in_pandas_with_state", "spark-rocksdb", "reduced"),
-    ("apply_in_pandas_with_state", "hashmap", "reduced"),
-    ("apply_in_pandas_with_state", "rocksdb", "reduced"),
+    ("apply_in_pandas_with_state", "hashmap", "slow"),
+    ("apply_in_pandas_with_state", "rocksdb", "slow"),
 ]
 ISSUE8_PATHS = [
     ("map_spark_apply_in_pandas_with_state", "spark-rocksdb"),
@@ -379,6 +389,7 @@ def run(spark: Any, path: str, backend: str, input_dir: Path, work: Path, *, key
         "steady_rows_per_s": (round(sum(batch_rows[1:]) / sum(batch_s[1:]), 1)
                               if len(batch_s) > 1 and sum(batch_s[1:]) else None),
         "sink": "foreachBatch -> parquet",
+        "git": _git(),
         "loadavg_1m_start_end": [round(load0, 1), round(os.getloadavg()[0], 1)],
         "spark_rocksdb_changelog_checkpointing": spark.conf.get(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"),
@@ -394,6 +405,9 @@ def run(spark: Any, path: str, backend: str, input_dir: Path, work: Path, *, key
     result["state_bytes_total"] = sum(result[f"{n}_bytes_total"] for n in sink.bytes)
     steady = total[1:]
     result["bytes_per_batch"] = round(sum(steady) / len(steady)) if steady else None  # after the first
+    if statekit_path:  # durable per-attempt markers statekit wrote (apply adapter: one per task attempt)
+        result["statekit_attempt_markers"] = sum(
+            len(files) for root, _, files in os.walk(skdir) if f"{os.sep}attempts{os.sep}" in root + os.sep)
     result.update(verify(read_input(input_dir), out, is_map))
     if path.endswith("apply_in_pandas_with_state") and path.startswith(("apply", "map_apply")):
         result.update(log_sizes(spark, ckpt, len(batch_rows)))

@@ -4,7 +4,8 @@ Issue 7: a per-key running (count, sum) over 10 files x 100k rows / 50k keys thr
 ``applyInPandasWithState``, ``transformWithStateInPandas`` and native ``groupBy().agg``, and every
 statekit adapter x backend.  The per-key Python paths (Spark's and statekit's ``applyInPandasWithState``
 / ``transformWithStateInPandas``) run at 1-2k rows/s, so they read only the first
-``STATEKIT_SPARK_SLOW_FILES`` (default 2) files: still 50k keys; each result records its ``rows``.
+``STATEKIT_SPARK_SLOW_FILES`` (default 2) files: still 50k keys; each result records its ``rows``
+and ``input`` (``full`` / ``slow``).
 
 Issue 8: a MapState of 10k entries per key (20 keys, filled in the first batch, then every event
 changes one entry) through statekit's ``apply_in_pandas_with_state`` against Spark's
