@@ -191,7 +191,7 @@ def test_timeouts_fire_timers_and_remove_the_key(tmp_path):
     state.setTimeoutDuration = durations.append
     assert runtime.call("u", iter([pd.DataFrame({"key": ["u", "u"], "v": [1, 2]})]), state) == []
     assert state.updated and 0 < durations[-1] <= 50
-    time.sleep(0.06)
+    time.sleep(0.15)
     runtime.begin_task(TaskInfo(1, "q", 0, 0, "a1"))
     timed_out = FakeGroupState(state.get)
     timed_out.hasTimedOut = True
@@ -225,3 +225,23 @@ def test_ttl_expired_state_removes_the_key(tmp_path):
     timed_out.hasTimedOut = True
     runtime.call("u", iter([]), timed_out)
     assert timed_out.removed
+
+
+def test_fresh_processes_materialize_mid_task_and_logs_stay_bounded(tmp_path):
+    """Every task in a new process (``spark.python.worker.reuse=false``): snapshots are taken
+    during the task, trusted only by later processes once the batch was committed, and the
+    carried logs are truncated."""
+    sim = Simulation(tmp_path, materialize_every=1)
+    sim.spec.conf = {}
+    for b in range(12):
+        sim.processes.clear()  # a fresh worker process per task
+        sim.processes["P"] = aip.PartitionRuntime(sim.spec, "q", 0, 1, mid_task_calls=4)
+        ok = sim.batch(b, "P", KEYS, fail_after=5 if b == 6 else None)
+        if not ok:
+            sim.processes.clear()
+            sim.processes["P"] = aip.PartitionRuntime(sim.spec, "q", 0, 1, mid_task_calls=4)
+            assert sim.batch(b, "P", KEYS)
+    assert max(sim.log_lengths().values()) <= 3
+    final = Simulation(tmp_path)
+    final.committed, final.model = sim.committed, sim.model
+    assert final.batch(12, "P9", KEYS)

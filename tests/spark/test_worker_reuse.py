@@ -21,6 +21,10 @@ def test_no_worker_reuse(spark_no_reuse, tmp_path, adapter):
     sink = Outputs(fail_batch=1)
     run_until_done(spark_no_reuse, adapter, RunningCount(fail=True), str(tmp_path / "in"),
                    str(tmp_path / "q"), sink,
-                   {"state.backend.type": "rocksdb", "state.checkpoints.dir": str(tmp_path / "s")})
+                   {"state.backend.type": "rocksdb", "state.checkpoints.dir": str(tmp_path / "s"),
+                    "state.changelog.materialize-every-batches": 1,
+                    "state.changelog.materialize-after-calls": 5})
     assert sink.final() == expected(frame)
     assert sum(len(r) for r in sink.by_batch.values()) == len(frame)
+    if adapter == "apply_in_pandas_with_state":  # fresh processes still materialize (mid-task)
+        assert list((tmp_path / "s").rglob("chk-*/_metadata"))

@@ -76,6 +76,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "s3.path.style.access": (),
     "state.partition.versions-retained": (),
     "state.changelog.materialize-every-batches": (),
+    "state.changelog.materialize-after-calls": (),
 }
 
 _ALIASES = {alias: key for key, aliases in KEYS.items() for alias in aliases}

@@ -50,6 +50,8 @@ STATE_SCHEMA = "seq long, tseq long, tatt string, log binary"
 APPLIED = internal_value_descriptor("__statekit_applied")
 MATERIALIZE_KEY = "state.changelog.materialize-every-batches"
 DEFAULT_MATERIALIZE_EVERY = 5
+MID_TASK_KEY = "state.changelog.materialize-after-calls"
+DEFAULT_MID_TASK_CALLS = 1000
 
 Marker = tuple[int, str]  # (sequence number, attempt token) of a log entry
 
@@ -77,8 +79,11 @@ class PartitionRuntime:
     """One partition's statekit state in this worker process, kept across batches and tasks."""
 
     def __init__(self, spec: AdapterSpec, query_id: str, partition: int,
-                 materialize_every: int, timeout_conf: str = "NoTimeout") -> None:
+                 materialize_every: int, timeout_conf: str = "NoTimeout",
+                 mid_task_calls: int = DEFAULT_MID_TASK_CALLS) -> None:
         self.spec = spec
+        self.mid_task_calls = max(1, mid_task_calls)
+        self.calls = 0
         self.timeout_conf = timeout_conf
         self._group_state: Any = None
         self.partition = partition
@@ -102,7 +107,8 @@ class PartitionRuntime:
         if info.attempt_token == self.token:
             return
         self.access.store.put(f"attempts/b{info.batch_id:012d}/{info.attempt_token}", b"")
-        self._settle_pending(block=True)
+        self._settle_pending(block=True, current_batch=info.batch_id)
+        self.calls = 0
         if self.backend is None:
             self._restore_latest(info.batch_id)
         elif not self._own_attempts_confirmed(info.batch_id):
@@ -163,28 +169,53 @@ class PartitionRuntime:
                                           {**self.spec.conf, "partition": self.partition}))
         self.lineage = _Lineage(base_id=base_id)
         self.restores += 1
+        self._retire(None)
 
     # --- materialization -------------------------------------------------------------------------
 
-    def _materialize(self, current_batch: int) -> None:
-        """Snapshot the state of all batches before ``current_batch`` in the background."""
-        newest_valid = self._newest_valid(current_batch)
-        if newest_valid != self.lineage.base_id:
+    def _materialize(self, current_batch: int, *, mid_task: bool = False) -> None:
+        """Snapshot the local state in the background.
+
+        At a task's start it covers every batch before ``current_batch``; ``mid_task`` also
+        covers the running batch's changes so far, which makes the snapshot *tentative*: it
+        becomes valid (restorable, trusted) only once that batch was committed with this
+        attempt as its only one — checked by whoever uses it at a later batch.
+        """
+        if self._newest_valid(current_batch) != self.lineage.base_id:
             return  # another process extended the chain; snapshots must build on the newest
-        sid = current_batch * 1_000_000 + random.randrange(1_000_000)
+        covered = current_batch if mid_task else current_batch - 1
+        # later snapshots of one task get larger ids; the random part keeps processes apart
+        sid = (covered + 1) * 1_000_000 + min(self.calls, 999) * 1000 + random.randrange(1000)
         streams = self.access.streams(sid, f"p{self.partition}")
         run = self.backend.snapshot(sid, streams)
         included = list(self.lineage.own_attempts)
-        body = {"attempts": included, "base": self.lineage.base_id, "batch": current_batch - 1,
+        body = {"attempts": included, "base": self.lineage.base_id, "batch": covered,
                 "partition": self.partition}
 
         def upload() -> None:
             handle = run.run()
             self.access.commit(sid, {**body, "tasks": {"partition": handle}})
 
-        self.pending = _Pending(sid, self._executor.submit(upload), dict(self.lineage.touched),
-                                included)
-        self.last_materialized_batch = current_batch - 1
+        if mid_task:  # inline: a worker process may exit right after the task, threads with it
+            future: Future[None] = Future()
+            try:
+                upload()
+                future.set_result(None)
+            except Exception as exc:
+                future.set_exception(exc)
+        else:
+            future = self._executor.submit(upload)
+        self.pending = _Pending(sid, future, dict(self.lineage.touched), included)
+        self.last_materialized_batch = covered
+
+    def _mid_task_due(self) -> bool:
+        """Whether to snapshot during this task: enough batches since the trusted base, and no
+        snapshot in flight (a finished tentative one of this task is superseded)."""
+        pending = self.pending
+        if pending is not None and not (pending.future.done()
+                                        and any(b >= self.batch for b, _ in pending.included)):
+            return False
+        return self.batch - self._base_batch() >= self.materialize_every - 1
 
     def _newest_valid(self, current_batch: int) -> int | None:
         for sid in reversed(self.access.completed()):
@@ -198,18 +229,28 @@ class PartitionRuntime:
                 return sid
         return None
 
-    def _settle_pending(self, block: bool) -> None:
-        """Trust a finished snapshot (it becomes the base truncation uses) or drop a failed one."""
+    def _settle_pending(self, block: bool, current_batch: int | None = None) -> None:
+        """Trust a finished, confirmed snapshot (truncation then uses it), keep a tentative one
+        until its batch is known to be committed, or drop a failed one."""
         pending = self.pending
         if pending is None or (not block and not pending.future.done()):
             return
-        self.pending = None
+        batch = self.batch if current_batch is None else current_batch
+        tentative = any(b >= batch for b, _ in pending.included)
+        if tentative and not block:
+            return  # re-checked when the next task starts
         try:
             pending.future.result()
         except Exception as exc:  # materialization is an optimisation: log and go on
+            self.pending = None
             log.warning("partition %d: materialization %d failed: %s", self.partition,
                         pending.snapshot_id, exc)
             return
+        if tentative:
+            return
+        self.pending = None
+        if not self._confirmed(pending.included, batch):
+            return  # an attempt it holds was not the committed one: never trusted, later retired
         self.backend.notify_checkpoint_complete(pending.snapshot_id)
         lineage = self.lineage
         previous = lineage.base_id
@@ -219,14 +260,22 @@ class PartitionRuntime:
         self._retire(previous)
 
     def _retire(self, previous: int | None) -> None:
+        """Drop snapshots older than the ones kept, and attempt markers none of those needs."""
         keep = [s for s in (previous, self.lineage.base_id) if s is not None]
+        if not keep:
+            return
         for sid in self.access.completed():
             if sid < min(keep):
                 self.access.discard(sid, keep)
-        oldest_needed = min(keep) // 1_000_000 - self.materialize_every - 2
+        needed = [min(keep) // 1_000_000 - 1]
+        for sid in keep:
+            try:
+                needed += [int(b) for b, _ in self.access.load(sid).get("attempts", [])]
+            except (CheckpointNotFoundError, StatekitError):
+                return  # cannot tell which markers validate it: keep them all
+        oldest_needed = min(needed)
         for key in self.access.store.list("attempts/"):
-            batch = int(key.split("/")[1][1:])
-            if batch < oldest_needed:
+            if int(key.split("/")[1][1:]) < oldest_needed:
                 self.access.store.delete(key)
 
     # --- one call ----------------------------------------------------------------------------------
@@ -323,6 +372,9 @@ class PartitionRuntime:
             self._set_marker(key, None)
         elif ops or truncated:
             group_state.update((seq, tseq, tatt, packb(entries)))
+        self.calls += 1
+        if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
+            self._materialize(self.batch, mid_task=True)  # e.g. a process that never sees a next task
         return outputs
 
     def _schedule_timeout(self, group_state: Any) -> None:
@@ -368,13 +420,14 @@ _RUNTIMES_LOCK = threading.Lock()
 
 
 def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
-             timeout_conf: str) -> PartitionRuntime:
+             timeout_conf: str, mid_task_calls: int) -> PartitionRuntime:
     slot = (info.query_id, spec.operator_id, info.partition)
     with _RUNTIMES_LOCK:
         runtime = _RUNTIMES.get(slot)
         if runtime is None:
             runtime = _RUNTIMES[slot] = PartitionRuntime(spec, info.query_id, info.partition,
-                                                         materialize_every, timeout_conf)
+                                                         materialize_every, timeout_conf,
+                                                         mid_task_calls)
     runtime.begin_task(info)
     return runtime
 
@@ -402,12 +455,13 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
     spark = grouped_df._df.sparkSession
     spec, schema = _spec(spark, function, [], output_schema, operator_id, conf)
     every = cfg.get(spec.conf, MATERIALIZE_KEY, cfg.parse_int, DEFAULT_MATERIALIZE_EVERY)
+    mid_task = cfg.get(spec.conf, MID_TASK_KEY, cfg.parse_int, DEFAULT_MID_TASK_CALLS)
     timeout = str(getattr(timeout_conf, "value", timeout_conf))
     if timeout not in ("NoTimeout", "ProcessingTimeTimeout", "EventTimeTimeout"):
         raise ConfigError("timeout_conf", f"unknown GroupStateTimeout {timeout_conf!r}")
 
     def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
-        runtime = _runtime(spec, TaskInfo.current(), every, timeout)
+        runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task)
         k = key[0] if len(key) == 1 else tuple(key)
         yield from runtime.call(k, frames, group_state)
 
