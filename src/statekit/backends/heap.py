@@ -36,6 +36,7 @@ from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.types import TypeSerializer, packb
 from statekit.state.api import ListState, MapState, State, ValueState, check_value
 from statekit.state.descriptors import StateDescriptor
+from statekit.values import parse_bool, parse_float, parse_int
 
 #: Format tag of incremental heap checkpoints: a base plus ordered changelogs, both key-grouped.
 HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
@@ -821,7 +822,6 @@ class HashMapStateBackend(StateBackend):
         """A copy with flat configuration keys applied; settings made in code take precedence."""
         import copy
 
-        from statekit.runtime.config import parse_bool, parse_int
 
         new = copy.copy(self)
         for key in ("state.backend.heap.incremental", "state.backend.incremental",
@@ -836,18 +836,12 @@ class HashMapStateBackend(StateBackend):
                 raise ConfigError(key, "must be at least 1")
         key = "state.backend.heap.max-log-ratio"
         if config.get(key) is not None and self._ratio is None:
-            try:
-                new._ratio = float(config[key])
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(key, f"expected a number, got {config[key]!r}") from exc
+            new._ratio = parse_float(key, config[key])
             if new._ratio <= 0:
                 raise ConfigError(key, "must be positive")
         key = "state.backend.heap.snapshot-pace"
         if config.get(key) is not None and self._pace is None:
-            try:
-                new._pace = float(config[key])
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(key, f"expected a number, got {config[key]!r}") from exc
+            new._pace = parse_float(key, config[key])
             if new._pace < 0:
                 raise ConfigError(key, "must not be negative")
         key = "state.backend.heap.snapshot-mode"

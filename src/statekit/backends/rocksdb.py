@@ -64,6 +64,7 @@ from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.types import TypeSerializer, packb, unpackb
 from statekit.state.api import ListState, MapState, State, ValueState, check_value
 from statekit.state.descriptors import StateDescriptor
+from statekit.values import parse_bool, parse_int
 
 __all__ = [
     "ROCKSDB_FORMAT",
@@ -995,20 +996,6 @@ def _drop_expired(kind: str, value: bytes, limit: int) -> bytes | None:
 # --- the factories ---------------------------------------------------------------------------------
 
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def _parse_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise ConfigError(key, f"expected true or false, got {value!r}")
-
-
 def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
@@ -1035,7 +1022,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         super().__init__(True)
         self._incremental: bool | None = (
             None if enable_incremental_checkpointing is None
-            else _parse_bool("execution.checkpointing.incremental",
+            else parse_bool("execution.checkpointing.incremental",
                              enable_incremental_checkpointing)
         )
         self._paths: list[str] | None = None
@@ -1106,11 +1093,8 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     @staticmethod
     def _parse_threads(value: Any) -> int:
         key = "state.backend.rocksdb.checkpoint.transfer.thread.num"
-        try:
-            n = int(str(value).strip()) if not isinstance(value, bool) else None
-        except ValueError:
-            n = None
-        if n is None or n < 1:
+        n = parse_int(key, value)
+        if n < 1:
             raise ConfigError(key, f"expected a positive number of threads, got {value!r}")
         return n
 
@@ -1121,7 +1105,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         new = copy.copy(self)
         for key in ("execution.checkpointing.incremental", "state.backend.incremental"):
             if key in config and self._incremental is None:
-                new._incremental = _parse_bool(key, config[key])
+                new._incremental = parse_bool(key, config[key])
                 break
         key = "state.backend.rocksdb.localdir"
         if key in config and self._paths is None and config[key] not in (None, ""):
@@ -1144,7 +1128,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
             new._threads = self._parse_threads(config[key])
         key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
         if key in config and self._ttl_filter is None:
-            new._ttl_filter = _parse_bool(key, config[key])
+            new._ttl_filter = parse_bool(key, config[key])
         return new
 
     # --- keyed backends ---------------------------------------------------------------------------

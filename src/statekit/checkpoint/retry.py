@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from statekit import values as cfg
 from statekit.errors import CheckpointError, CheckpointStorageError, ConfigError
 
 log = logging.getLogger("statekit.checkpoint.retry")
@@ -84,7 +85,6 @@ class RetryPolicy:
     def from_config(cls, conf: Mapping[str, Any]) -> RetryPolicy:
         """The policy from flat keys ``state.storage.fs.retries`` / ``.retry-backoff`` /
         ``.retry-max-backoff`` (durations such as ``"100 ms"``)."""
-        from statekit.runtime import config as cfg
 
         default = cls()
         return cls(

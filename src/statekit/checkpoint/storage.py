@@ -14,6 +14,7 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any
 
+from statekit import values as cfg
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.retry import RetryPolicy
 from statekit.checkpoint.store import BlobStore, FsspecBlobStore, MemoryBlobStore
@@ -277,7 +278,6 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         ``.retry-max-backoff``), ``state.storage.fs.multipart-threshold`` and, for ``s3://``
         paths, Flink's ``s3.endpoint`` / ``s3.access-key`` / ``s3.secret-key`` /
         ``s3.path.style.access`` (otherwise the usual AWS environment and config files apply)."""
-        from statekit.runtime import config as cfg
 
         if any(k.startswith("state.storage.fs.retr") for k in config):
             self.retry = RetryPolicy.from_config(config)

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from statekit.errors import ConfigError
+from statekit.values import (  # noqa: F401 (re-exported: the parsers used with these keys)
+    get,
+    parse_bool,
+    parse_duration_ms,
+    parse_enum,
+    parse_float,
+    parse_int,
+    parse_size,
+)
 
 ENV_PREFIX = "STATEKIT_"
 
@@ -109,73 +117,3 @@ def normalize(config: Mapping[str, Any] | None) -> dict[str, Any]:
     for key, value in (config or {}).items():
         out[canonical(str(key))] = value
     return out
-
-
-# --- value parsers ---------------------------------------------------------------------------------
-
-_DURATION_UNITS = {
-    "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
-    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
-    "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000, "m": 60_000,
-    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
-}
-_SIZE_UNITS = {
-    "b": 1, "bytes": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
-    "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-}
-
-
-def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a {what}, got {value!r}")
-    if isinstance(value, int | float):
-        return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in ({""} | set(units)):
-        raise ConfigError(key, f"expected a {what} such as '10 s' or '20 kb', got {value!r}")
-    factor = units.get(match.group(2).lower(), 1)
-    return int(float(match.group(1)) * factor)
-
-
-def parse_duration_ms(key: str, value: Any) -> int:
-    return _number_with_unit(key, value, _DURATION_UNITS, "duration")
-
-
-def parse_size(key: str, value: Any) -> int:
-    return _number_with_unit(key, value, _SIZE_UNITS, "memory size")
-
-
-def parse_int(key: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected an integer, got {value!r}")
-    try:
-        return int(str(value).strip())
-    except ValueError as exc:
-        raise ConfigError(key, f"expected an integer, got {value!r}") from exc
-
-
-def parse_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ConfigError(key, f"expected true or false, got {value!r}")
-
-
-def parse_enum(key: str, value: Any, choices: Mapping[str, Any]) -> Any:
-    text = str(getattr(value, "name", value)).strip().upper().replace("-", "_")
-    if text not in choices:
-        raise ConfigError(key, f"expected one of {', '.join(sorted(choices))}, got {value!r}")
-    return choices[text]
-
-
-def get(config: Mapping[str, Any], key: str, parse: Callable[[str, Any], Any],
-        default: Any = None) -> Any:
-    """``parse(key, config[key])`` or ``default`` when the key is absent."""
-    if key not in config or config[key] is None:
-        return default
-    return parse(key, config[key])
