@@ -434,3 +434,72 @@ def test_unnotified_attempts_are_bounded_and_lose_nothing() -> None:
     handle = checkpoint(backend, access, 40)
     assert handle["incremental"]
     assert dump(restore(access, 40), range(40)) == dump(backend, range(40))
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_checkpoints_are_plain_parts_and_restore_rescaled(incremental: bool, tmp_path: Any) -> None:
+    backend = make(incremental=incremental)
+    access = memory_access()
+    populate(backend, 300)
+    handle = checkpoint(backend, access, 1)
+    entries = handle["base"] if incremental else handle["states"]
+    assert {entry["encoding"] for entry in entries.values()} == {"plain"}
+    expected = dump(backend, range(300))
+    from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+
+    for rng in (KeyGroupRange(0, 6), KeyGroupRange(7, MAXP - 1), KeyGroupRange.all(MAXP)):
+        restored = [restore(access, 1, rng=rng)]
+        if not incremental:  # a heap checkpoint also restores into RocksDB (backend-neutral)
+            factory = EmbeddedRocksDBStateBackend()
+            factory.set_db_storage_paths(str(tmp_path / uuid.uuid4().hex))
+            rocks = factory.create_keyed_state_backend(
+                key_serializer=serializer_for(Types.LONG()), key_group_range=rng,
+                max_parallelism=MAXP)
+            rocks.restore([access.load(1)["tasks"]["t"]], access.reader())
+            restored.append(rocks)
+        for part in restored:
+            owned = [k for k in range(300) if part.key_group_of(k) in rng]
+            assert dump(part, range(300)) == {
+                name: {k: v for k, v in values.items() if k in owned}
+                for name, values in expected.items()}
+            part.dispose()
+
+
+def test_state_registered_while_a_snapshot_carries_it_over_stays_isolated() -> None:
+    source = make()
+    populate(source, 50)
+    access = memory_access()
+    checkpoint(source, access, 1)
+    backend = restore(access, 1)  # restored, nothing registered yet
+    run = backend.snapshot(2, access.streams(2, "t"))  # carries the restored states over
+    mutate_everything(backend, 50, 1)  # registers every state and mutates values in place
+    handle = run.run()
+    access.commit(2, {"tasks": {"t": handle}})
+    assert dump(restore(access, 2), range(50)) == dump(source, range(50))
+    assert dump(backend, range(50)) != dump(source, range(50))
+
+
+def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -> None:
+    from statekit.backends import heap as heap_module
+
+    class FakeTime:
+        now = 0.0
+        slept: list[float] = []
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.slept.append(seconds)
+
+    clock = FakeTime()
+    monkeypatch.setattr(heap_module, "time", clock)
+    current = {"key": 1}
+    pacer = heap_module._Pacer(2.0, lambda: current["key"])
+    clock.now = 1.0
+    pacer()  # the current key did not change: the processing thread is idle
+    assert clock.slept == []
+    current["key"] = 2
+    clock.now = 1.5
+    pacer()  # it worked meanwhile: the writer yields twice the time its slice took
+    assert clock.slept == [1.0]

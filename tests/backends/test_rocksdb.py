@@ -9,6 +9,7 @@ import time
 import pytest
 from rocksdict import Options
 
+from statekit.backends.base import KV_FORMAT
 from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.legacy import FsStateBackend
 from statekit.backends.rocksdb import (
@@ -140,7 +141,7 @@ def test_savepoint_is_backend_neutral_both_ways(tmp_path):
             states[1].add_all([str(i)] * (i % 20))
             states[2].put_all({f"u{j}": j for j in range(i % 17)})
         savepoint, _ = checkpoint(kb, access, 1, savepoint=True)
-        assert savepoint["format"] == "statekit-kv/1"
+        assert savepoint["format"] == KV_FORMAT
         heap.restore([savepoint], access.reader())
         hs = [heap.get_partitioned_state(d) for d in (VALUE, LIST, MAP)]
         for i in range(50):

@@ -1,6 +1,7 @@
-"""File-based checkpoint transfers: ``BlobStore.put_file``/``get_file`` and
-``CheckpointStreams.write_file``/``StateReader.read_file``, on local disk, fsspec ``memory://``,
-the in-process memory store and the local S3 server; plus the RocksDB backend using them."""
+"""File-based and streamed checkpoint transfers: ``BlobStore.put_file``/``get_file``,
+``CheckpointStreams.write_file``/``StateReader.read_file`` and ``write_parts``/``read_parts``, on
+local disk, fsspec ``memory://``, the in-process memory store and the local S3 server; plus the
+RocksDB backend using them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from statekit.checkpoint import store as store_module
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.checkpoint.store import FsspecBlobStore, MemoryBlobStore
-from statekit.checkpoint.streams import CheckpointStreams, StateReader, file_crc
+from statekit.checkpoint.streams import CheckpointStreams, StateReader, crc32_combine, file_crc
 from statekit.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -341,6 +342,112 @@ def test_read_file_missing_blob_and_bad_handles(store, tmp_path):
 def test_file_crc_streams(tmp_path):
     src, data = _source(tmp_path, 3 * 8 * 1024 * 1024 + 5)
     assert file_crc(src) == (zlib.crc32(data), len(data))
+
+
+# --- CheckpointStreams.write_parts / StateReader.read_parts (streamed chunks) ---------------------
+
+PARTS = [b"", b"a" * 10, os.urandom(70_000), b"b" * 5, os.urandom(300_000)]
+
+
+@pytest.mark.parametrize("shared", [None, "base"])
+def test_write_parts_round_trip(store, shared):
+    streams = _streams(store)
+    handle, locations = streams.write_parts(iter(PARTS), state_name="s", shared_name=shared)
+    data = b"".join(PARTS)
+    assert (handle["type"], handle["size"], handle["crc"]) == ("file", len(data), zlib.crc32(data))
+    assert [length for _, length, _ in locations] == [len(p) for p in PARTS]
+    assert [crc for _, _, crc in locations] == [zlib.crc32(p) for p in PARTS]
+    assert handle["path"].startswith("shared/" if shared else "chk-3/")
+    assert streams.written == [handle["path"]] and streams.bytes_written == len(data)
+    reader = StateReader(store)
+    assert reader.read(handle) == data
+    assert list(reader.read_parts(handle, locations)) == PARTS
+    assert store.list_temporary() == []
+
+
+def test_write_parts_small_result_is_inline(store):
+    handle, locations = _streams(store, threshold=1000).write_parts(iter([b"x", b"yz"]),
+                                                                  state_name="s")
+    assert handle["type"] == "inline" and handle["data"] == b"xyz"
+    assert list(StateReader(store).read_parts(handle, locations)) == [b"x", b"yz"]
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_read_parts_detects_damage_before_handing_a_part_out(store, how):
+    handle, locations = _streams(store).write_parts(iter(PARTS), state_name="s")
+    data = bytearray(store.get(handle["path"]))
+    if how == "flip":
+        data[len(data) - 1000] ^= 0xFF  # inside the last part
+        error = ChecksumMismatchError
+    else:
+        data = data[:-1000]
+        error = TruncatedCheckpointError
+    store.put(handle["path"], bytes(data))
+    got = []
+    with pytest.raises(error):
+        for part in StateReader(store).read_parts(handle, locations):
+            got.append(part)
+    assert got == PARTS[:-1]
+
+
+def test_read_parts_stopped_early_releases_the_reader(store):
+    handle, locations = _streams(store).write_parts(iter(PARTS * 20), state_name="s")
+    parts = StateReader(store).read_parts(handle, locations)
+    assert next(parts) == PARTS[0]
+    parts.close()  # the read-ahead thread stops; nothing hangs
+
+
+def test_write_parts_failing_producer_leaves_nothing(store):
+    def parts():
+        yield os.urandom(200_000)
+        raise RuntimeError("serializer failed")
+
+    streams = _streams(store)
+    with pytest.raises(RuntimeError, match="serializer failed"):
+        streams.write_parts(parts(), state_name="s")
+    assert store.list() == [] and store.list_temporary() == []
+    assert streams.written == []
+
+
+def test_write_parts_failing_store_stops_the_producer(tmp_path, monkeypatch):
+    store = FsspecBlobStore(str(tmp_path / "root"))
+    produced = []
+
+    def parts():
+        for i in range(1000):
+            produced.append(i)
+            yield b"p" * 10_000
+
+    def disk_full(path, fill):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "_atomic_local_commit", disk_full)
+    with pytest.raises(CheckpointError, match="No space left"):
+        _streams(store).write_parts(parts(), state_name="s")
+    assert len(produced) < 1000  # the producer stopped early instead of packing everything
+    assert store.list() == [] and store.list_temporary() == []
+
+
+def test_write_parts_limits():
+    store = MemoryBlobStore()
+    with pytest.raises(StateSizeError):
+        _streams(store, threshold=10**9, max_state_size=1000).write_parts(
+            iter([b"x" * 600, b"x" * 600]), state_name="big")
+    with pytest.raises(StateSizeError):  # above the inline threshold too
+        _streams(store, threshold=100, max_state_size=1000).write_parts(
+            iter([b"x" * 600] * 3), state_name="big")
+    streams = _streams(store)
+    streams.cancelled = True
+    with pytest.raises(CheckpointError):
+        streams.write_parts(iter([b"x" * 5000]), state_name="x")
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("sizes", [(0, 0), (0, 7), (7, 0), (1, 1), (100, 4096), (10**6, 3 * 10**6 + 7)])
+def test_crc32_combine(sizes):
+    a, b = os.urandom(sizes[0]), os.urandom(sizes[1])
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
 # --- the RocksDB backend on the file path ---------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from statekit.errors import (
     CorruptCheckpointError,
     NoKeyContextError,
     PickleNotAllowedError,
+    SerializationError,
     StateNameClashError,
 )
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
@@ -46,8 +47,13 @@ if TYPE_CHECKING:
 
 NO_KEY: Any = type("NoKey", (), {"__repr__": lambda self: "<no current key>"})()
 
-#: Format tag of the backend-neutral, key-grouped snapshot (full snapshots and savepoints).
-KV_FORMAT = "statekit-kv/1"
+#: Format tag of the backend-neutral snapshot (heap checkpoints, every savepoint).  A state entry
+#: is *indexed* (one chunk per key group: savepoints) or *plain* (parts of entries of any key
+#: group: heap checkpoints); version 1, indexed entries only, is still read.
+KV_FORMAT = "statekit-kv/2"
+KV_FORMATS = ("statekit-kv/1", KV_FORMAT)
+#: entries per part of a plain state entry (one C-level msgpack call each)
+PLAIN_PART_ENTRIES = 4096
 
 
 def wall_clock_ms() -> int:
@@ -341,11 +347,73 @@ def write_kv_state(streams: CheckpointStreams, name: str, data: KvStateData, *,
     return {"layout": data.meta_layout, "kind": data.kind, "data": handle, "index": index}
 
 
+def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
+                key_plain: Callable[[Any], Any] | None = None,
+                value_plain: Callable[[Any], Any] | None = None,
+                pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """One state's entries as parts of ``packb([keys, values])`` in plain form, produced lazily.
+
+    With identity serializers a part is one C-level msgpack call over the objects the table
+    already holds; ``key_plain`` / ``value_plain`` convert other types part by part.  ``pace``
+    runs before each part (GIL sharing with the processing thread).
+    """
+    for start in range(0, len(keys), PLAIN_PART_ENTRIES):
+        if pace is not None:
+            pace()
+        ks = keys[start:start + PLAIN_PART_ENTRIES]
+        vs = values[start:start + PLAIN_PART_ENTRIES]
+        if key_plain is not None:
+            ks = [key_plain(k) for k in ks]
+        if value_plain is not None:
+            vs = [value_plain(v) for v in vs]
+        yield packb([ks, vs])
+
+
+def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
+                      parts: Iterable[bytes], *, shared_name: str | None = None) -> dict[str, Any]:
+    """Write the parts of one plain state entry (each written while the next is produced)."""
+    handle, locations = streams.write_parts(parts, state_name=name, shared_name=shared_name)
+    return {"layout": layout, "kind": kind, "encoding": "plain", "data": handle,
+            "parts": locations}
+
+
+def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
+                     ) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Yield ``(plain keys, plain values)`` per part of a plain state entry, each part verified."""
+    try:
+        locations = [[int(offset), int(length), int(crc)] for offset, length, crc in entry["parts"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"state '{name}': malformed part index") from exc
+    for n, part in enumerate(reader.read_parts(entry["data"], locations)):
+        try:
+            keys, values = unpackb(part)
+        except (SerializationError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed") from exc
+        if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
+            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed")
+        yield keys, values
+
+
+def plain_in_range(keys: list[Any], values: list[Any], key_group_range: KeyGroupRange,
+                   max_parallelism: int) -> tuple[list[Any], list[Any]]:
+    """The entries of a plain part whose keys fall into ``key_group_range`` (rescaling)."""
+    kept_k, kept_v = [], []
+    for key, value in zip(keys, values, strict=True):
+        if key_group_for_bytes(packb(key), max_parallelism) in key_group_range:
+            kept_k.append(key)
+            kept_v.append(value)
+    return kept_k, kept_v
+
+
 def read_kv_entry(
     name: str, entry: dict[str, Any], reader: StateReader, key_group_range: KeyGroupRange
 ) -> Iterator[tuple[int, list[Any]]]:
     """Yield ``(key group, unpacked chunk)`` for one indexed state entry, inside the range only."""
-    wanted = [(int(kg), loc) for kg, loc in entry["index"].items() if int(kg) in key_group_range]
+    try:
+        index = entry["index"]
+        wanted = [(int(kg), loc) for kg, loc in index.items() if int(kg) in key_group_range]
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"state '{name}': malformed key-group index") from exc
     for kg, (offset, length, crc) in sorted(wanted):
         chunk = reader.read(entry["data"], offset, length, crc)
         try:
@@ -357,24 +425,53 @@ def read_kv_entry(
         yield kg, parts
 
 
+def check_kv_handle(handle: dict[str, Any], max_parallelism: int) -> KeyGroupRange:
+    """The key-group range of a readable ``KV_FORMATS`` handle taken with ``max_parallelism``."""
+    if handle.get("format") not in KV_FORMATS:
+        raise CorruptCheckpointError(
+            f"expected a {KV_FORMAT} snapshot, got format {handle.get('format')!r}"
+        )
+    recorded = handle.get("max_parallelism", max_parallelism)
+    if recorded != max_parallelism:
+        raise CorruptCheckpointError(
+            f"snapshot was taken with max_parallelism {recorded}, this job uses {max_parallelism}"
+        )
+    try:
+        return KeyGroupRange.of(handle["key_group_range"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError("snapshot without a valid key_group_range") from exc
+
+
 def read_kv_states(
-    handles: Iterable[dict[str, Any]], reader: StateReader, key_group_range: KeyGroupRange
+    handles: Iterable[dict[str, Any]], reader: StateReader, key_group_range: KeyGroupRange,
+    max_parallelism: int,
 ) -> Iterator[tuple[str, dict[str, Any], int, list[bytes], list[bytes]]]:
-    """Yield ``(state name, entry, key group, keys, values)`` for every chunk inside the range."""
+    """Yield ``(state name, entry, key group, keys, values)``, serialized, for every entry inside
+    the range; plain entries are serialized and grouped here (restoring into a bytes backend)."""
     for handle in handles:
-        if handle.get("format") != KV_FORMAT:
-            raise CorruptCheckpointError(
-                f"expected a {KV_FORMAT} snapshot, got format {handle.get('format')!r}"
-            )
+        check_kv_handle(handle, max_parallelism)
         for name, entry in handle["states"].items():
-            for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
-                try:
-                    keys, values = parts
-                except ValueError as exc:
-                    raise CorruptCheckpointError(
-                        f"state '{name}' key group {kg}: malformed chunk"
-                    ) from exc
-                yield name, entry, kg, keys, values
+            if entry.get("encoding") != "plain":
+                for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
+                    try:
+                        keys, values = parts
+                    except ValueError as exc:
+                        raise CorruptCheckpointError(
+                            f"state '{name}' key group {kg}: malformed chunk"
+                        ) from exc
+                    yield name, entry, kg, keys, values
+                continue
+            for keys, values in read_plain_entry(name, entry, reader):
+                groups: dict[int, tuple[list[bytes], list[bytes]]] = {}
+                for key, value in zip(keys, values, strict=True):
+                    kb = packb(key)
+                    kg = key_group_for_bytes(kb, max_parallelism)
+                    if kg in key_group_range:
+                        group = groups.setdefault(kg, ([], []))
+                        group[0].append(kb)
+                        group[1].append(packb(value))
+                for kg, (kbs, vbs) in sorted(groups.items()):
+                    yield name, entry, kg, kbs, vbs
 
 
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -383,5 +480,6 @@ def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> 
         "format": KV_FORMAT,
         "backend": backend.backend_name,
         "key_group_range": backend.key_group_range.to_list(),
+        "max_parallelism": backend.max_parallelism,
         "states": states,
     }

@@ -15,25 +15,30 @@ past ``max_log_ratio`` of the base) it writes a full base instead, so recovery r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from statekit.backends.base import (
+    KV_FORMAT,
     NO_KEY,
     KeyedStateBackend,
     KvStateData,
     SnapshotRun,
     StateBackend,
     StateMeta,
+    check_kv_handle,
     group_entries,
     kv_handle,
+    plain_in_range,
+    plain_parts,
     read_kv_entry,
-    read_kv_states,
+    read_plain_entry,
+    write_plain_entry,
 )
 from statekit.checkpoint.streams import CheckpointStreams, StateReader
 from statekit.errors import CheckpointError, ConfigError, CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
-from statekit.serde.types import TypeSerializer, packb
+from statekit.serde.types import TypeSerializer, packb, unpackb
 from statekit.state.api import ListState, MapState, State, ValueState, check_value
 from statekit.state.descriptors import StateDescriptor
 from statekit.values import parse_bool, parse_float, parse_int
@@ -93,7 +98,7 @@ class HeapTable:
 
 
 class _HeapState:
-    __slots__ = ("_b", "_check", "_name", "_t")
+    __slots__ = ("_b", "_check", "_exact", "_high", "_low", "_name", "_t")
 
     def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
                  element: TypeSerializer) -> None:
@@ -101,6 +106,23 @@ class _HeapState:
         self._t = table
         self._name = table.meta.name
         self._check = element
+        # values of exactly this type (within the bounds) need no call to ``element.check``
+        self._exact, self._low, self._high = element.exact_type()
+
+    def _needs_check(self, value: Any) -> bool:
+        return type(value) is not self._exact or (
+            self._low is not None and not self._low <= value <= self._high)
+
+    def _check_all(self, values: list[Any]) -> None:
+        """Validate a batch: one C-level pass when every element has the exact type."""
+        exact = self._exact
+        if exact is not None and set(map(type, values)) == {exact} and (
+                self._low is None or (self._low <= min(values) and max(values) <= self._high)):
+            return
+        for v in values:
+            if v is None:
+                raise StateError("cannot add None to a list state", self._name)
+            check_value(self._check, v, self._name)
 
     def _key(self) -> Any:
         key = self._b.current_key
@@ -133,14 +155,18 @@ class HeapValueState(_HeapState, ValueState):
         return value
 
     def update(self, value: Any) -> None:
-        key = self._key()
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
         table = self._t
         if table.dirty is not None:
             table.dirty.add(key)
         if value is None:
             table.data.pop(key, None)
             return
-        check_value(self._check, value, self._name)
+        if type(value) is not self._exact or (
+                self._low is not None and not self._low <= value <= self._high):  # inlined
+            check_value(self._check, value, self._name)
         table.data[key] = value
 
 
@@ -163,7 +189,8 @@ class HeapListState(_HeapState, ListState):
         key = self._key()
         if value is None:
             raise StateError("cannot add None to a list state", self._name)
-        check_value(self._check, value, self._name)
+        if self._needs_check(value):
+            check_value(self._check, value, self._name)
         lst = self._live(key)
         if lst is None:
             self._t.data[key] = [value]
@@ -173,12 +200,9 @@ class HeapListState(_HeapState, ListState):
     def add_all(self, values: Iterable[Any]) -> None:
         key = self._key()
         values = list(values)
-        for v in values:
-            if v is None:
-                raise StateError("cannot add None to a list state", self._name)
-            check_value(self._check, v, self._name)
         if not values:
             return
+        self._check_all(values)
         lst = self._live(key)
         if lst is None:
             self._t.data[key] = values
@@ -188,10 +212,8 @@ class HeapListState(_HeapState, ListState):
     def update(self, values: Iterable[Any] | None) -> None:
         key = self._key()
         values = [] if values is None else list(values)
-        for v in values:
-            if v is None:
-                raise StateError("cannot add None to a list state", self._name)
-            check_value(self._check, v, self._name)
+        if values:
+            self._check_all(values)
         if self._t.dirty is not None:
             self._t.dirty.add(key)
         if values:
@@ -201,12 +223,14 @@ class HeapListState(_HeapState, ListState):
 
 
 class HeapMapState(_HeapState, MapState):
-    __slots__ = ("_shared_reads", "_ukey")
+    __slots__ = ("_shared_reads", "_ukey", "_ukey_exact")
 
     def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
         super().__init__(backend, table, element)
         self._ukey = user_key
+        exact, low, _ = user_key.exact_type()
+        self._ukey_exact = exact if low is None else None  # bounded keys take the full check
         # immutable map values may be handed out without copy-on-write or dirty marking
         self._shared_reads = bool(getattr(element, "immutable", False))
 
@@ -230,8 +254,9 @@ class HeapMapState(_HeapState, MapState):
 
     def put(self, key: Any, value: Any) -> None:
         current = self._key()
-        check_value(self._ukey, key, self._name)
-        if value is not None:
+        if type(key) is not self._ukey_exact:
+            check_value(self._ukey, key, self._name)
+        if value is not None and self._needs_check(value):
             check_value(self._check, value, self._name)
         m = self._live(current)
         if m is None:
@@ -272,23 +297,28 @@ class HeapMapState(_HeapState, MapState):
 
 
 class _Pacer:
-    """Keeps a background writer from starving the processing thread of the GIL.
+    """Keeps a background writer from starving a busy processing thread of the GIL.
 
-    After every slice of work the writer sleeps ``ratio`` times as long as the slice took, so it
-    holds the GIL for at most ``1 / (1 + ratio)`` of wall time.  ``ratio=0`` disables pacing.
+    After every slice of work the writer sleeps ``ratio`` times as long as the slice took (it
+    then holds the GIL for at most ``1 / (1 + ratio)`` of wall time), but only while the
+    processing thread works: when the backend's current key has not changed since the last slice
+    (between micro-batches, or when the job waits for input) the writer runs at full speed.
     """
 
-    __slots__ = ("_mark", "ratio")
+    __slots__ = ("_current", "_key", "_mark", "ratio")
 
-    def __init__(self, ratio: float) -> None:
+    def __init__(self, ratio: float, current_key: Callable[[], Any]) -> None:
         self.ratio = ratio
+        self._current = current_key
+        self._key = current_key()
         self._mark = time.perf_counter()
 
     def __call__(self) -> None:
-        if self.ratio <= 0:
-            return
         now = time.perf_counter()
-        time.sleep((now - self._mark) * self.ratio)
+        key = self._current()
+        if key is not self._key:
+            self._key = key
+            time.sleep((now - self._mark) * self.ratio)
         self._mark = time.perf_counter()
 
 
@@ -325,6 +355,44 @@ def _group_view(view: dict[Any, Any], meta: StateMeta, max_parallelism: int,
             chunk[0].append(kb)
             chunk[1].append(val_ser(stored))
     return data
+
+
+def _plain_entries(view: dict[Any, Any], meta: StateMeta) -> tuple[list[Any], list[Any]]:
+    """A frozen view's keys and stored values, without entries TTL full-snapshot cleanup drops."""
+    drop = meta.ttl.drop_expired if meta.ttl is not None and meta.ttl.cleanup_full_snapshot else None
+    if drop is None:
+        return list(view), list(view.values())
+    now = meta.ttl.clock()  # type: ignore[union-attr]
+    keys, values = [], []
+    for key, stored in view.items():
+        stored = drop(meta.kind, stored, now)
+        if stored is not None:
+            keys.append(key)
+            values.append(stored)
+    return keys, values
+
+
+def _table_parts(view: dict[Any, Any], meta: StateMeta, pace: Callable[[], None] | None
+                 ) -> Iterator[bytes]:
+    """A registered state's plain parts (lazy: the view is read when writing starts)."""
+    keys, values = _plain_entries(view, meta)
+    key_ser, stored = meta.key_serializer, meta.stored_serializer
+    yield from plain_parts(keys, values, pace=pace,
+                           key_plain=None if key_ser.identity else key_ser.to_plain,
+                           value_plain=None if stored.identity else stored.to_plain)
+
+
+class _Restored:
+    """A restored state not registered yet: its layout and kind, and key -> plain stored value
+    (converted by the state's serializer when the state is registered)."""
+
+    __slots__ = ("data", "kind", "layout", "shared")
+
+    def __init__(self, layout: list[Any], kind: str) -> None:
+        self.layout = layout
+        self.kind = kind
+        self.data: dict[Any, Any] = {}
+        self.shared = 0  # asynchronous snapshots still writing ``data`` (carried over)
 
 
 def _changelog_blob(meta: StateMeta, view: dict[Any, Any], keys: Iterable[Any], max_parallelism: int,
@@ -372,8 +440,9 @@ def _indexed_blob(chunks: dict[int, Any]) -> tuple[dict[int, list[int]], bytes]:
     return index, b"".join(parts)
 
 
-# one serialized state: (name, kind, layout, index, blob)
-_Part = tuple[str, str, list[Any], dict[int, list[int]], bytes]
+# one state as written by a snapshot: (name, kind, layout, encoding, payload), the payload being
+# ``(index, blob)`` for an indexed entry and an iterable of packed parts for a plain one
+_Part = tuple[str, str, list[Any], str, Any]
 
 
 def _fork_serialize(produce: Callable[[], list[_Part]]) -> tuple[int, int]:
@@ -387,9 +456,15 @@ def _fork_serialize(produce: Callable[[], list[_Part]]) -> tuple[int, int]:
         code = 1
         try:
             os.close(read_fd)
-            payload = packb([[n, k, lay, [[kg, *loc] for kg, loc in idx.items()], blob]
-                             for n, k, lay, idx, blob in produce()])
-            view = memoryview(payload)
+            rows = []
+            for name, kind, layout, encoding, payload in produce():
+                if encoding == "plain":
+                    rows.append([name, kind, layout, encoding, list(payload)])
+                else:
+                    index, blob = payload
+                    rows.append([name, kind, layout, encoding,
+                                 [[[kg, *loc] for kg, loc in index.items()], blob]])
+            view = memoryview(packb(rows))
             while view:
                 view = view[os.write(write_fd, view):]
             code = 0
@@ -417,8 +492,13 @@ def _fork_collect(pid: int, read_fd: int) -> list[_Part]:
         _, status = os.waitpid(pid, 0)
     if status != 0:
         raise CheckpointError(f"the snapshot child process failed (wait status {status})")
-    return [(n, k, lay, {int(row[0]): list(row[1:]) for row in idx}, blob)
-            for n, k, lay, idx, blob in unpackb(b"".join(chunks))]
+    parts: list[_Part] = []
+    for name, kind, layout, encoding, payload in unpackb(b"".join(chunks)):
+        if encoding != "plain":
+            rows, blob = payload
+            payload = ({int(row[0]): list(row[1:]) for row in rows}, blob)
+        parts.append((name, kind, layout, encoding, payload))
+    return parts
 
 
 def _fork_kill(pid: int, read_fd: int) -> None:
@@ -480,7 +560,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                          using_asynchronous_snapshots)
         self.tables: dict[str, HeapTable] = {}
         # restored, still serialized chunks of states not registered yet
-        self._restored: dict[str, KvStateData] = {}
+        self._restored: dict[str, _Restored] = {}
         self.incremental = incremental
         self.materialization_interval = materialization_interval
         self.max_log_ratio = max_log_ratio
@@ -497,9 +577,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         stored = meta.stored_serializer
         restored = self._restored.pop(meta.name, None)
         if restored is not None:
-            key_de, val_de = self.key_serializer.deserialize, stored.deserialize
-            for keys, values in restored.chunks.values():
-                table.data.update(zip(map(key_de, keys), map(val_de, values), strict=True))
+            if stored.identity and not restored.shared:  # the restored dict becomes the table
+                table.data = restored.data
+            else:  # converted, and private copies while a snapshot still writes the originals
+                from_plain, copy = stored.from_plain, stored.copy
+                table.data = {key: copy(from_plain(plain)) if restored.shared else from_plain(plain)
+                              for key, plain in restored.data.items()}
         if meta.kind == "value":
             return HeapValueState(self, table, stored)
         if meta.kind == "list":
@@ -549,35 +632,54 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             while len(self._attempts) > _MAX_UNCONFIRMED:  # never notified: stop tracking it
                 self._fold_back(self._attempts.pop(min(self._attempts)))
         maxp = self.max_parallelism
+        key_ser = self.key_serializer
 
         def produce(pace: Callable[[], None] | None) -> list[_Part]:
-            """Serialize what this snapshot writes (no I/O): full states or changelogs."""
+            """What this snapshot writes: savepoints as key-grouped (indexed) entries, checkpoints
+            and incremental bases as plain parts (packed lazily, while writing), changelogs."""
             out: list[_Part] = []
-            if materialize:
-                for table, view in views:
-                    meta = table.meta
-                    index, blob = _indexed_blob(_group_view(view, meta, maxp, pace).chunks)
-                    out.append((meta.name, meta.kind, meta.layout, index, blob))
-                for name, data in restored.items():  # restored but not registered: carry over
-                    index, blob = _indexed_blob(data.chunks)
-                    out.append((name, data.kind, data.meta_layout, index, blob))
-            else:
-                for table, view in views:
-                    meta = table.meta
+            for table, view in views:
+                meta = table.meta
+                if savepoint:
+                    payload = _indexed_blob(_group_view(view, meta, maxp, pace).chunks)
+                    out.append((meta.name, meta.kind, meta.layout, "index", payload))
+                elif materialize:
+                    out.append((meta.name, meta.kind, meta.layout, "plain",
+                                _table_parts(view, meta, pace)))
+                else:
                     log = _changelog_blob(meta, view, changed[meta.name], maxp, pace)
                     if log is not None:
-                        out.append((meta.name, meta.kind, meta.layout, log[0], log[1]))
+                        out.append((meta.name, meta.kind, meta.layout, "index", log))
+            if not materialize:
+                return out
+            for name, data in restored.items():  # restored but not registered: carry over
+                keys = list(data.data)
+                if savepoint:
+                    groups = KvStateData(data.layout, data.kind)
+                    for key, plain in zip(keys, data.data.values(), strict=True):
+                        kb = key_ser.serialize(key)
+                        groups.add(key_group_for_bytes(kb, maxp), kb, packb(plain))
+                    out.append((name, data.kind, data.layout, "index", _indexed_blob(groups.chunks)))
+                else:
+                    parts = plain_parts(keys, list(data.data.values()), pace=pace,
+                                        key_plain=None if key_ser.identity else key_ser.to_plain)
+                    out.append((name, data.kind, data.layout, "plain", parts))
             return out
 
         def finish(parts: list[_Part]) -> dict[str, Any]:
             """Upload the serialized parts and build the task handle."""
             suffix = "-base" if materialize else "-log"
-            entries = {
-                name: {"layout": layout, "kind": kind, "index": index,
-                       "data": streams.write(blob, state_name=name,
-                                             shared_name=name + suffix if incremental else None)}
-                for name, kind, layout, index, blob in parts
-            }
+            entries = {}
+            for name, kind, layout, encoding, payload in parts:
+                shared = name + suffix if incremental else None
+                if encoding == "plain":
+                    entries[name] = write_plain_entry(streams, name, layout, kind, payload,
+                                                      shared_name=shared)
+                else:
+                    index, blob = payload
+                    entries[name] = {"layout": layout, "kind": kind, "index": index,
+                                     "data": streams.write(blob, state_name=name,
+                                                           shared_name=shared)}
             if not incremental:
                 return kv_handle(self, entries)
             if materialize:
@@ -593,6 +695,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 "format": HEAP_CHANGELOG_FORMAT,
                 "backend": self.backend_name,
                 "key_group_range": self.key_group_range.to_list(),
+                "max_parallelism": self.max_parallelism,
                 "incremental": not materialize,
                 "base": states,
                 "logs": logs,
@@ -625,16 +728,22 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
         released = False
 
+        for data in restored.values():
+            data.shared += 1
+
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
                 for table, _ in views:
                     table.release()
+                for data in restored.values():
+                    data.shared -= 1
 
         def run_thread() -> dict[str, Any]:
             try:
-                pace = _Pacer(self.pace_ratio) if self.pace_ratio > 0 else None
+                pace = (_Pacer(self.pace_ratio, lambda: self.current_key)
+                        if self.pace_ratio > 0 else None)
                 return finish(produce(pace))
             finally:
                 release()
@@ -665,57 +774,67 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     # --- restore -----------------------------------------------------------------------------------
 
     def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
-        kv = [h for h in handles if h.get("format") != HEAP_CHANGELOG_FORMAT]
-        for name, entry, kg, keys, values in read_kv_states(kv, reader, self.key_group_range):
-            self._restored_data(name, entry).chunks.setdefault(kg, ([], []))
-            chunk = self._restored[name].chunks[kg]
-            chunk[0].extend(keys)
-            chunk[1].extend(values)
+        """Load this range's entries of full (``KV_FORMATS``) and incremental handles; the values
+        stay in plain form until their state is registered (its serializer is known then)."""
+        mine = self.key_group_range
         for handle in handles:
-            if handle.get("format") == HEAP_CHANGELOG_FORMAT:
-                self._restore_changelog(handle, reader)
+            incremental = handle.get("format") == HEAP_CHANGELOG_FORMAT
+            if incremental:
+                handle = {**handle, "format": KV_FORMAT}  # the same range and parallelism checks
+            theirs = check_kv_handle(handle, self.max_parallelism)
+            if not len(theirs.intersection(mine)):
+                continue
+            whole = mine.start <= theirs.start and theirs.end <= mine.end
+            if not incremental:
+                for name, entry in handle["states"].items():
+                    self._load_entry(name, entry, reader, whole)
+                continue
+            for name, entry in handle.get("base", {}).items():
+                self._load_entry(name, entry, reader, whole)
+            for log in handle.get("logs", []):  # replayed in order over the base
+                for name, entry in log.items():
+                    self._replay_log(name, entry, reader)
 
-    def _restored_data(self, name: str, entry: dict[str, Any]) -> KvStateData:
+    def _restored_data(self, name: str, entry: dict[str, Any]) -> dict[Any, Any]:
+        """The restored (key -> plain value) dict of state ``name``, created on first use."""
         if name in self.tables:
             raise StateError("restore must happen before the state is registered", name)
         self._restored_layouts[name] = entry["layout"]
-        data = self._restored.get(name)
-        if data is None:
-            data = self._restored[name] = KvStateData(entry["layout"], entry["kind"])
-        return data
+        restored = self._restored.get(name)
+        if restored is None:
+            restored = self._restored[name] = _Restored(entry["layout"], entry["kind"])
+        return restored.data
 
-    def _restore_changelog(self, handle: dict[str, Any], reader: StateReader) -> None:
-        """Load the base, then replay the changelogs in order (key groups of this range only)."""
-        rng = self.key_group_range
-        states: dict[str, tuple[dict[str, Any], dict[int, dict[bytes, bytes]]]] = {}
-        for name, entry in handle.get("base", {}).items():
-            groups: dict[int, dict[bytes, bytes]] = {}
-            for kg, parts in read_kv_entry(name, entry, reader, rng):
-                if len(parts) != 2:
-                    raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed base")
-                groups[kg] = dict(zip(parts[0], parts[1], strict=True))
-            states[name] = (entry, groups)
-        for log in handle.get("logs", []):
-            for name, entry in log.items():
-                if name not in states:
-                    states[name] = (entry, {})
-                groups = states[name][1]
-                states[name] = (entry, groups)
-                for kg, parts in read_kv_entry(name, entry, reader, rng):
-                    if len(parts) != 3:
-                        raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
-                    puts_k, puts_v, removes = parts
-                    group = groups.setdefault(kg, {})
-                    group.update(zip(puts_k, puts_v, strict=True))
-                    for kb in removes:
-                        group.pop(kb, None)
-        for name, (entry, groups) in states.items():
-            data = self._restored_data(name, entry)
-            for kg, group in groups.items():
-                if group:
-                    chunk = data.chunks.setdefault(kg, ([], []))
-                    chunk[0].extend(group.keys())
-                    chunk[1].extend(group.values())
+    def _load_entry(self, name: str, entry: dict[str, Any], reader: StateReader,
+                    whole: bool) -> None:
+        """Add one state entry's in-range entries; ``whole``: the writer's range is inside ours."""
+        data = self._restored_data(name, entry)
+        key_ser, rng = self.key_serializer, self.key_group_range
+        if entry.get("encoding") == "plain":
+            key_from = None if key_ser.identity else key_ser.from_plain
+            for keys, values in read_plain_entry(name, entry, reader):
+                if not whole:
+                    keys, values = plain_in_range(keys, values, rng, self.max_parallelism)
+                data.update(zip(keys if key_from is None else map(key_from, keys), values,
+                                strict=True))
+            return
+        for kg, parts in read_kv_entry(name, entry, reader, rng):
+            if len(parts) != 2:
+                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+            data.update(zip(map(key_ser.deserialize, parts[0]), map(unpackb, parts[1]),
+                            strict=True))
+
+    def _replay_log(self, name: str, entry: dict[str, Any], reader: StateReader) -> None:
+        """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
+        data = self._restored_data(name, entry)
+        key_de = self.key_serializer.deserialize
+        for kg, parts in read_kv_entry(name, entry, reader, self.key_group_range):
+            if len(parts) != 3:
+                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
+            puts_k, puts_v, removes = parts
+            data.update(zip(map(key_de, puts_k), map(unpackb, puts_v), strict=True))
+            for kb in removes:
+                data.pop(key_de(kb), None)
 
     def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
         """Values of a (TTL-less) value state for many keys: one dict lookup each, no key switch."""

@@ -34,7 +34,7 @@ import msgpack
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from statekit.backends.base import (
-    KV_FORMAT,
+    KV_FORMATS,
     NO_KEY,
     KeyedStateBackend,
     KvStateData,
@@ -824,7 +824,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         f"this job uses {self.max_parallelism}"
                     )
                 native.append((len(kgr.intersection(mine)), handle))
-            elif fmt == KV_FORMAT:
+            elif fmt in KV_FORMATS:
                 neutral.append(handle)
             else:
                 raise CorruptCheckpointError(f"cannot restore snapshot format {fmt!r} into RocksDB")
@@ -912,8 +912,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._ensure_open()
         batch = WriteBatch(raw_mode=True)
         kgp = self._kgp
-        for name, entry, kg, keys, values in read_kv_states(handles, reader,
-                                                            self.key_group_range):
+        for name, entry, kg, keys, values in read_kv_states(handles, reader, self.key_group_range,
+                                                            self.max_parallelism):
             self._restored_layouts[name] = entry["layout"]
             self._state_info[name] = {"layout": entry["layout"], "kind": entry["kind"]}
             self._cf(name)

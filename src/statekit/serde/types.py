@@ -142,6 +142,12 @@ class TypeSerializer:
         """Why ``value`` is not of this type, or None when it is."""
         return None
 
+    def exact_type(self) -> tuple[type | None, Any, Any]:
+        """``(T, low, high)``: every value of exactly type ``T`` (within ``low..high`` unless
+        they are None) passes :meth:`check`, so hot paths can skip the call; ``T`` None: no such
+        type."""
+        return None, None, None
+
     def config(self) -> Any:
         """A JSON-able description, recorded in checkpoints to detect incompatible restores."""
         raise NotImplementedError
@@ -173,6 +179,12 @@ class _ScalarSerializer(TypeSerializer):
         if self._length is not None and len(value) != self._length:
             return f"expected a single character for {self._name}, got {value!r}"
         return None
+
+    def exact_type(self) -> tuple[type | None, Any, Any]:
+        if self._length is not None:
+            return None, None, None
+        low, high = self._bounds or (None, None)
+        return self._types[0], low, high
 
     def config(self) -> Any:
         return self._name

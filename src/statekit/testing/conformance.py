@@ -153,6 +153,27 @@ class BackendConformance:
             cluster.state("k", MAP).put("a", ["x"])
         with pytest.raises(StateNameClashError, match="'v'"):
             cluster.state("k", ListStateDescriptor("v", Types.LONG()))
+        longs = ListStateDescriptor("longs", Types.LONG())
+        counts = MapStateDescriptor("counts", Types.STRING(), Types.LONG())
+        cluster.state("k", longs).add_all([1, 2])
+        cluster.state("k", counts).put("a", 1)
+        for bad in (1 << 63, True, 1.5):  # out of range, a subclass, another type
+            with pytest.raises(StateTypeError):
+                cluster.state("k", VALUE).update(bad)
+            with pytest.raises(StateTypeError):
+                cluster.state("k", longs).add(bad)
+            with pytest.raises(StateTypeError):
+                cluster.state("k", longs).add_all([3, bad])
+            with pytest.raises(StateTypeError):
+                cluster.state("k", longs).update([bad])
+            with pytest.raises(StateTypeError):
+                cluster.state("k", counts).put("b", bad)
+        with pytest.raises(StateError):
+            cluster.state("k", longs).add_all([3, None])
+        with pytest.raises(StateTypeError):
+            cluster.state("k", counts).put(7, 1)  # a user key of another type
+        assert list(cluster.state("k", longs).get()) == [1, 2]  # failed calls changed nothing
+        assert dict(cluster.state("k", counts).items()) == {"a": 1}
         backend = cluster.partitions[0]
         state = backend.get_partitioned_state(ValueStateDescriptor("fresh", Types.LONG()))
         fresh = cluster.backend_factory.create_keyed_state_backend(
