@@ -52,8 +52,10 @@ NO_KEY: Any = type("NoKey", (), {"__repr__": lambda self: "<no current key>"})()
 #: group: heap checkpoints); version 1, indexed entries only, is still read.
 KV_FORMAT = "statekit-kv/2"
 KV_FORMATS = ("statekit-kv/1", KV_FORMAT)
-#: entries per part of a plain state entry (one C-level msgpack call each)
-PLAIN_PART_ENTRIES = 4096
+#: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: large
+#: enough that the writer and reader threads hand the GIL over rarely, small enough to pace
+PLAIN_PART_BYTES = 16 * 1024 * 1024
+_FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 
 
 def wall_clock_ms() -> int:
@@ -357,16 +359,20 @@ def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
     already holds; ``key_plain`` / ``value_plain`` convert other types part by part.  ``pace``
     runs before each part (GIL sharing with the processing thread).
     """
-    for start in range(0, len(keys), PLAIN_PART_ENTRIES):
+    start, count = 0, _FIRST_PART_ENTRIES
+    while start < len(keys):
         if pace is not None:
             pace()
-        ks = keys[start:start + PLAIN_PART_ENTRIES]
-        vs = values[start:start + PLAIN_PART_ENTRIES]
+        ks = keys[start:start + count]
+        vs = values[start:start + count]
         if key_plain is not None:
             ks = [key_plain(k) for k in ks]
         if value_plain is not None:
             vs = [value_plain(v) for v in vs]
-        yield packb([ks, vs])
+        part = packb([ks, vs])
+        yield part
+        start += count
+        count = max(1, min(_MAX_PART_ENTRIES, count * PLAIN_PART_BYTES // max(1, len(part))))
 
 
 def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
