@@ -366,8 +366,11 @@ class FsspecBlobStore(BlobStore):
                     view = view[os.write(fd, view):]
                 offset += len(part)
                 if advise is not None and offset - started >= _COPY_CHUNK:
-                    # start the disk writes now (as the kernel copy does), so fsync waits less
+                    # start the disk writes of this stretch now (as the kernel copy does), so
+                    # fsync waits less, and drop the stretches written back by now from the page
+                    # cache, so later writes reuse their pages instead of faulting in fresh memory
                     advise(fd, started, offset - started, os.POSIX_FADV_DONTNEED)
+                    advise(fd, 0, started, os.POSIX_FADV_DONTNEED)
                     started = offset
 
         try:
@@ -402,10 +405,13 @@ class FsspecBlobStore(BlobStore):
                     advise(fd, prefetched, _PREFETCH, os.POSIX_FADV_WILLNEED)
                     prefetched += _PREFETCH
                 try:
-                    yield _pread_full(fd, start, length, None if into is None else into(length))
+                    data = _pread_full(fd, start, length, None if into is None else into(length))
+                    if advise is not None:  # read: its page-cache pages can serve the prefetch
+                        advise(fd, 0, start + len(data), os.POSIX_FADV_DONTNEED)
                 except OSError as exc:
                     raise CheckpointStorageError(
                         f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
+                yield data
         finally:
             os.close(fd)
 
