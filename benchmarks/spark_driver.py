@@ -30,8 +30,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statekit import KeyedProcessFunction, MapStateDescriptor, Types, ValueStateDescriptor
-from statekit.runtime.functions import VectorizedKeyedFunction
+from statekit import KeyedProcessFunction, MapStateDescriptor, Types
+from statekit.testing.workloads import RunningCount, VectorCount
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,40 +169,6 @@ def read_input(directory: Path) -> pd.DataFrame:
 
 
 # --- statekit functions ---------------------------------------------------------------------------
-
-
-class RunningCount(KeyedProcessFunction):
-    """Per-key running count and sum, one output row per input row."""
-
-    def open(self, ctx: Any) -> None:
-        self.c = ctx.get_state(ValueStateDescriptor("c", Types.LONG()))
-        self.t = ctx.get_state(ValueStateDescriptor("t", Types.LONG()))
-
-    def process_element(self, row: Any, ctx: Any) -> Iterator[Any]:
-        c = (self.c.value() or 0) + 1
-        t = (self.t.value() or 0) + row[1]
-        self.c.update(c)
-        self.t.update(t)
-        yield ctx.get_current_key(), c, t
-
-
-class VectorCount(VectorizedKeyedFunction):
-    """The same aggregate, once per Arrow batch with bulk state access; one row per updated key."""
-
-    def open(self, ctx: Any) -> None:
-        self.c = ValueStateDescriptor("c", Types.LONG())
-        self.t = ValueStateDescriptor("t", Types.LONG())
-        ctx.get_state(self.c)
-        ctx.get_state(self.t)
-
-    def process_batch(self, rows: pd.DataFrame, state: Any) -> pd.DataFrame:
-        agg = rows.groupby("key", sort=False)["v"].agg(["size", "sum"])
-        keys = agg.index.tolist()
-        counts = [(p or 0) + n for p, n in zip(state.get(self.c, keys), agg["size"].tolist(), strict=True)]
-        totals = [(p or 0) + s for p, s in zip(state.get(self.t, keys), agg["sum"].tolist(), strict=True)]
-        state.put(self.c, keys, counts)
-        state.put(self.t, keys, totals)
-        return pd.DataFrame({"key": keys, "c": counts, "t": totals})
 
 
 class MapUpdate(KeyedProcessFunction):

@@ -45,22 +45,21 @@ def parse_size(key: str, value: Any) -> int:
     return _number_with_unit(key, value, _SIZE_UNITS, "memory size")
 
 
-def parse_int(key: str, value: Any) -> int:
+def _parse_number(key: str, value: Any, convert: Callable[[str], Any], what: str) -> Any:
     if isinstance(value, bool):
-        raise ConfigError(key, f"expected an integer, got {value!r}")
+        raise ConfigError(key, f"expected {what}, got {value!r}")
     try:
-        return int(str(value).strip())
+        return convert(str(value).strip())
     except ValueError as exc:
-        raise ConfigError(key, f"expected an integer, got {value!r}") from exc
+        raise ConfigError(key, f"expected {what}, got {value!r}") from exc
+
+
+def parse_int(key: str, value: Any) -> int:
+    return int(_parse_number(key, value, int, "an integer"))
 
 
 def parse_float(key: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a number, got {value!r}")
-    try:
-        return float(str(value).strip())
-    except ValueError as exc:
-        raise ConfigError(key, f"expected a number, got {value!r}") from exc
+    return float(_parse_number(key, value, float, "a number"))
 
 
 def parse_bool(key: str, value: Any) -> bool:

@@ -9,9 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
-from statekit.runtime.functions import VectorizedKeyedFunction
 from statekit.spark import apply_in_pandas_with_state, foreach_batch, transform_with_state
+from statekit.testing import workloads
 
 OUTPUT = "key string, c long, t long"
 
@@ -31,15 +30,14 @@ def write_inputs(directory: str, first: int, count: int, rows: int = 600, keys: 
     return pd.concat(frames, ignore_index=True)
 
 
-class RunningCount(KeyedProcessFunction):
+class RunningCount(workloads.RunningCount):
     """Per-key running count and sum; fails once mid-partition in (batch 1, partition 0, attempt 0)."""
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
 
     def open(self, ctx):
-        self.c = ctx.get_state(ValueStateDescriptor("c", Types.LONG()))
-        self.t = ctx.get_state(ValueStateDescriptor("t", Types.LONG()))
+        super().open(ctx)
         self.inject = (self.fail and ctx.get_job_parameter("batch_id") == 1
                        and ctx.get_job_parameter("partition") == 0 and ctx.get_attempt_number() == 0)
         self.seen = 0
@@ -48,30 +46,7 @@ class RunningCount(KeyedProcessFunction):
         self.seen += 1
         if self.inject and self.seen == 50:
             raise RuntimeError("injected task failure mid-partition")
-        c = (self.c.value() or 0) + 1
-        t = (self.t.value() or 0) + row[1]
-        self.c.update(c)
-        self.t.update(t)
-        yield ctx.get_current_key(), c, t
-
-
-class VectorCount(VectorizedKeyedFunction):
-    """The same aggregate, one call per batch with bulk state access."""
-
-    def open(self, ctx):
-        self.c = ValueStateDescriptor("c", Types.LONG())
-        self.t = ValueStateDescriptor("t", Types.LONG())
-        ctx.get_state(self.c)  # registered up front, as the applyInPandasWithState adapter needs
-        ctx.get_state(self.t)
-
-    def process_batch(self, rows, state):
-        agg = rows.groupby("key", sort=False)["v"].agg(["size", "sum"])
-        keys = list(agg.index)
-        counts = [(p or 0) + int(n) for p, n in zip(state.get(self.c, keys), agg["size"], strict=True)]
-        totals = [(p or 0) + int(s) for p, s in zip(state.get(self.t, keys), agg["sum"], strict=True)]
-        state.put(self.c, keys, counts)
-        state.put(self.t, keys, totals)
-        return pd.DataFrame({"key": keys, "c": counts, "t": totals})
+        yield from super().process_element(row, ctx)
 
 
 class Outputs:

@@ -9,7 +9,8 @@ equal a pandas computation over the same input: no lost and no duplicated state 
 import pandas as pd
 import pytest
 
-from tests.spark.jobs import Outputs, RunningCount, VectorCount, expected, run_until_done, write_inputs
+from statekit.testing.workloads import VectorCount
+from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
 
 pytestmark = pytest.mark.spark
 

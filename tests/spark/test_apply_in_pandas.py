@@ -5,7 +5,8 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from tests.spark.jobs import Outputs, RunningCount, VectorCount, expected, run_until_done, write_inputs
+from statekit.testing.workloads import VectorCount
+from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
 
 pytestmark = pytest.mark.spark
 

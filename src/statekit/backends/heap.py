@@ -876,6 +876,25 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._confirmed = None
 
 
+#: the heap backend's numeric settings: flat key -> (attribute, parser, rule, its wording)
+_NUMERIC_SETTINGS: dict[str, tuple[str, Callable[[str, Any], Any], Callable[[Any], bool], str]] = {
+    "state.backend.heap.materialization-interval":
+        ("_interval", parse_int, lambda v: v >= 1, "must be at least 1"),
+    "state.backend.heap.max-log-ratio": ("_ratio", parse_float, lambda v: v > 0, "must be positive"),
+    "state.backend.heap.snapshot-pace":
+        ("_pace", parse_float, lambda v: v >= 0, "must not be negative"),
+}
+
+
+def _setting(key: str, value: Any) -> Any:
+    """``value`` of the numeric setting ``key``, parsed and checked (ConfigError naming the key)."""
+    _, parse, rule, wording = _NUMERIC_SETTINGS[key]
+    parsed = parse(key, value)
+    if not rule(parsed):
+        raise ConfigError(key, wording)
+    return parsed
+
+
 class HashMapStateBackend(StateBackend):
     """Working state on the Python heap; fast, bounded by memory; snapshots asynchronous by default.
 
@@ -888,6 +907,10 @@ class HashMapStateBackend(StateBackend):
     """
 
     name = "hashmap"
+    # set from ``_NUMERIC_SETTINGS`` (None: not set, the getter's default applies)
+    _interval: int | None
+    _ratio: float | None
+    _pace: float | None
 
     def __init__(self, using_asynchronous_snapshots: bool | None = None, *,
                  incremental: bool | None = None, materialization_interval: int | None = None,
@@ -897,19 +920,14 @@ class HashMapStateBackend(StateBackend):
         super().__init__(using_asynchronous_snapshots)
         self._explicit_async = using_asynchronous_snapshots is not None
         self._incremental = incremental
-        if materialization_interval is not None and int(materialization_interval) < 1:
-            raise ConfigError("state.backend.heap.materialization-interval", "must be at least 1")
-        if max_log_ratio is not None and float(max_log_ratio) <= 0:
-            raise ConfigError("state.backend.heap.max-log-ratio", "must be positive")
-        if number_of_transfering_threads is not None and int(number_of_transfering_threads) < 1:
-            raise ConfigError("state.backend.heap.transfer.thread.num", "must be at least 1")
-        self._interval = materialization_interval
-        self._ratio = max_log_ratio
-        self._threads = number_of_transfering_threads
+        self._threads: int | None = None
+        if number_of_transfering_threads is not None:
+            self.set_number_of_transfering_threads(number_of_transfering_threads)
         self._mode = None if snapshot_mode is None else _check_mode(snapshot_mode)
-        if snapshot_pace is not None and float(snapshot_pace) < 0:
-            raise ConfigError("state.backend.heap.snapshot-pace", "must not be negative")
-        self._pace = snapshot_pace
+        for key, value in (("state.backend.heap.materialization-interval", materialization_interval),
+                           ("state.backend.heap.max-log-ratio", max_log_ratio),
+                           ("state.backend.heap.snapshot-pace", snapshot_pace)):
+            setattr(self, _NUMERIC_SETTINGS[key][0], None if value is None else _setting(key, value))
 
     def is_incremental_checkpoints_enabled(self) -> bool:
         return bool(self._incremental)
@@ -941,28 +959,15 @@ class HashMapStateBackend(StateBackend):
         """A copy with flat configuration keys applied; settings made in code take precedence."""
         import copy
 
-
         new = copy.copy(self)
         for key in ("state.backend.heap.incremental", "state.backend.incremental",
                     "execution.checkpointing.incremental"):
             if config.get(key) is not None and self._incremental is None:
                 new._incremental = parse_bool(key, config[key])
                 break
-        key = "state.backend.heap.materialization-interval"
-        if config.get(key) is not None and self._interval is None:
-            new._interval = parse_int(key, config[key])
-            if new._interval < 1:
-                raise ConfigError(key, "must be at least 1")
-        key = "state.backend.heap.max-log-ratio"
-        if config.get(key) is not None and self._ratio is None:
-            new._ratio = parse_float(key, config[key])
-            if new._ratio <= 0:
-                raise ConfigError(key, "must be positive")
-        key = "state.backend.heap.snapshot-pace"
-        if config.get(key) is not None and self._pace is None:
-            new._pace = parse_float(key, config[key])
-            if new._pace < 0:
-                raise ConfigError(key, "must not be negative")
+        for key, (attribute, *_) in _NUMERIC_SETTINGS.items():
+            if config.get(key) is not None and getattr(self, attribute) is None:
+                setattr(new, attribute, _setting(key, config[key]))
         key = "state.backend.heap.snapshot-mode"
         if config.get(key) is not None and self._mode is None:
             new._mode = _check_mode(config[key], key)

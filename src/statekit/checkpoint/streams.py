@@ -15,7 +15,7 @@ import threading
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from statekit.checkpoint.store import BlobStore, check_key, write_local_file
 from statekit.errors import (
@@ -283,19 +283,13 @@ class StateReader:
         else:
             raise CorruptCheckpointError(f"unknown state handle type {kind!r}")
         where = handle.get("path", "inline state")
-        if offset is None:
-            if len(data) != handle.get("size"):
-                raise TruncatedCheckpointError(
-                    f"{where}: {len(data)} bytes, metadata records {handle.get('size')}"
-                )
-            crc = handle.get("crc")
-        elif len(data) != length:
+        if offset is not None:
+            return _verified(where, data, offset, length, crc)
+        if len(data) != handle.get("size"):
             raise TruncatedCheckpointError(
-                f"{where}: chunk at {offset} is short ({len(data)} of {length} bytes)"
+                f"{where}: {len(data)} bytes, metadata records {handle.get('size')}"
             )
-        if crc is not None and zlib.crc32(data) != crc:
-            raise ChecksumMismatchError(f"{where}: checksum mismatch")
-        return data
+        return _verified(where, data, 0, len(data), handle.get("crc"))
 
     def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
                   allow_link: bool = False) -> None:
@@ -395,8 +389,10 @@ def file_paths(obj: Any) -> set[str]:
     return found
 
 
-def _verified(where: str, data: bytes | memoryview, offset: int, length: int, crc: int | None
-              ) -> bytes | memoryview:
+_Data = TypeVar("_Data", bytes, memoryview)
+
+
+def _verified(where: str, data: _Data, offset: int, length: int | None, crc: int | None) -> _Data:
     """``data`` read for ``length`` bytes at ``offset``, checked for length and CRC-32."""
     if len(data) != length:
         raise TruncatedCheckpointError(
