@@ -1,31 +1,69 @@
-# --- local S3 server (issue 6): moto's server on 127.0.0.1, started once per session -------------
+"""Session-wide fixtures: a private temporary directory checked for leftovers, the S3 server."""
 
-import os as _os
-import uuid as _uuid
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
 
-import pytest as _pytest
+import pytest
+
+# --- nothing left behind ----------------------------------------------------------------------
+# The whole session (Spark's Python workers and driver subprocesses included, through TMPDIR)
+# works in a private temporary directory.  At the end, after Spark is stopped and this process
+# released what it owns (as it would at exit), anything statekit created there is a failure.
+_TMP = Path(tempfile.mkdtemp(prefix="statekit-tests-"))
+os.environ["TMPDIR"] = str(_TMP)
+tempfile.tempdir = str(_TMP)
 
 
-@_pytest.fixture(scope="session")
+def pytest_sessionfinish(session, exitstatus):
+    from statekit import workdirs
+
+    try:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+        from statekit.spark.session import cleanup
+
+        cleanup()
+    except ImportError:
+        pass
+    workdirs.release_all()
+    workdirs.sweep(_TMP / "statekit-rocksdb")
+    left = sorted(p.name for p in _TMP.iterdir() if not p.name.startswith("pytest-of-")
+                  and not (p.name == "statekit-rocksdb" and not any(p.iterdir())))
+    if left:
+        session.exitstatus = 1
+        print(f"\nFAILED: the test session left these in its temporary directory: {left}")
+    shutil.rmtree(_TMP, ignore_errors=True)
+
+
+# --- local S3 server: moto's server on 127.0.0.1, started once per session -------------------------
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on 127.0.0.1 for the whole session (starts in 1-2 s)."""
     from statekit.testing.s3 import LocalS3Server
 
     server = LocalS3Server().start()
-    saved = {k: _os.environ.get(k) for k in server.client_env()}
-    _os.environ.update(server.client_env())  # dummy credentials: botocore never looks further
+    saved = {k: os.environ.get(k) for k in server.client_env()}
+    os.environ.update(server.client_env())  # dummy credentials: botocore never looks further
     try:
         yield server
     finally:
         server.stop()
         for key, value in saved.items():
             if value is None:
-                _os.environ.pop(key, None)
+                os.environ.pop(key, None)
             else:
-                _os.environ[key] = value
+                os.environ[key] = value
 
 
-@_pytest.fixture
+@pytest.fixture
 def s3_url(s3_server):
     """``s3://<fresh bucket>`` on the local server."""
-    return s3_server.create_bucket(f"t-{_uuid.uuid4().hex[:12]}")
+    return s3_server.create_bucket(f"t-{uuid.uuid4().hex[:12]}")

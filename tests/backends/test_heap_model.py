@@ -2,6 +2,7 @@
 
 import tempfile
 
+from statekit import workdirs
 from statekit.backends.heap import HashMapStateBackend
 from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
 from statekit.testing.stateful import model_test
@@ -9,6 +10,6 @@ from statekit.testing.stateful import model_test
 TestHeapJobManager = model_test(HashMapStateBackend, JobManagerCheckpointStorage)
 TestHeapFilesystem = model_test(
     lambda: HashMapStateBackend(using_asynchronous_snapshots=False),
-    lambda: FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-model-"),
+    lambda: FileSystemCheckpointStorage(str(workdirs.create(tempfile.gettempdir(), "statekit-model-")),
                                         file_state_size_threshold=128),
 )

@@ -10,6 +10,7 @@ import tempfile
 
 import pytest
 
+from statekit import workdirs
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
 from statekit.testing.conformance import BackendConformance
@@ -40,7 +41,7 @@ class TestRocksDBIncremental(BackendConformance):
 
 
 def _fs_storage():
-    return FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-rocks-model-"),
+    return FileSystemCheckpointStorage(str(workdirs.create(tempfile.gettempdir(), "statekit-rocks-model-")),
                                        file_state_size_threshold=128)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import msgpack
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
+from statekit import workdirs
 from statekit.backends.base import (
     KV_FORMATS,
     NO_KEY,
@@ -612,7 +613,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 pass
         self._disposed = True
         self._states.clear()
-        shutil.rmtree(self.instance_dir, ignore_errors=True)
+        workdirs.remove(self.instance_dir)
         _live_backends.discard(self)
 
     # --- TTL cleanup (what Flink's compaction filter does, bounded per checkpoint) ---------------------
@@ -1047,6 +1048,10 @@ class EmbeddedRocksDBStateBackend(StateBackend):
             flat.extend(p if isinstance(p, list | tuple) else [p])
         self._paths = [_local_path(p) for p in flat]
 
+    def working_roots(self) -> list[str]:
+        """Where this backend's instances keep their working directories."""
+        return self._paths or [os.path.join(tempfile.gettempdir(), "statekit-rocksdb")]
+
     def get_db_storage_paths(self) -> list[str] | None:
         """The configured local directories, or None (then the temp directory is used)."""
         return None if self._paths is None else list(self._paths)
@@ -1143,11 +1148,11 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         return build
 
     def _instance_dir(self, operator_id: str, key_group_range: KeyGroupRange) -> str:
-        roots = self._paths or [os.path.join(tempfile.gettempdir(), "statekit-rocksdb")]
+        roots = self.working_roots()
         root = roots[0] if len(roots) == 1 else random.choice(roots)
-        name = (f"{_UNSAFE.sub('_', operator_id)[:64]}-kg{key_group_range.start}-"
-                f"{key_group_range.end}-{uuid.uuid4().hex[:12]}")
-        return os.path.join(root, name)
+        prefix = (f"{_UNSAFE.sub('_', operator_id)[:64]}-kg{key_group_range.start}-"
+                  f"{key_group_range.end}-")
+        return str(workdirs.create(root, prefix))  # removed on dispose, at exit, or by a sweep
 
     def create_keyed_state_backend(self, *, key_serializer: TypeSerializer,
                                    key_group_range: KeyGroupRange, max_parallelism: int,
