@@ -7,10 +7,8 @@ STAMP := $(VENV)/.installed
 .PHONY: demo demo-local test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,bench]"
-	touch $(STAMP)
+	@PYTHON=$(PYTHON) VENV=$(VENV) tools/setup-venv
+	@touch $(STAMP)
 
 demo: $(STAMP)  ## the main job: a Structured Streaming query on local Spark with RocksDB state
 	$(PY) -m statekit.demo.spark_demo

@@ -69,6 +69,11 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No completed checkpoint or savepoint exists at the requested place."""
 
 
+class MissingStateError(CheckpointNotFoundError):
+    """State that must exist is gone: a query resumed past its first batch finds no statekit
+    state (deleted, moved, or held in a driver's memory that ended); never continued from empty."""
+
+
 class CorruptCheckpointError(CheckpointError, ValueError):
     """Checkpoint data is damaged: bad checksum, wrong size, unreadable structure."""
 

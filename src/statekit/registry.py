@@ -6,6 +6,7 @@ names through an entry-point group, and any ``package.module.Class`` path also r
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import threading
 from importlib.metadata import entry_points
@@ -53,9 +54,11 @@ class PluginRegistry:
         if target is None and "." in key:
             target = key
         if target is None:
+            close = difflib.get_close_matches(key.lower(), self.names(), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise UnknownPluginError(
-                self.config_key, f"unknown name {name!r}; known: {', '.join(self.names())} "
-                "or a dotted class path"
+                self.config_key, f"unknown name {name!r}; {hint}known: "
+                f"{', '.join(self.names())} or a dotted class path"
             )
         if isinstance(target, str):
             return _import(target, self.config_key)

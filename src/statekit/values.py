@@ -6,6 +6,7 @@ the key.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,7 +29,11 @@ _SIZE_UNITS = {
 def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(key, f"expected a {what}, got {value!r}")
-    if isinstance(value, int | float):
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(key, f"expected a finite {what}, got {value!r}")
         return int(value)
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
     if not match or match.group(2).lower() not in ({""} | set(units)):
@@ -49,9 +54,12 @@ def _parse_number(key: str, value: Any, convert: Callable[[str], Any], what: str
     if isinstance(value, bool):
         raise ConfigError(key, f"expected {what}, got {value!r}")
     try:
-        return convert(str(value).strip())
+        number = convert(str(value).strip())
     except ValueError as exc:
         raise ConfigError(key, f"expected {what}, got {value!r}") from exc
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ConfigError(key, f"expected a finite number, got {value!r}")
+    return number
 
 
 def parse_int(key: str, value: Any) -> int:
@@ -86,3 +94,25 @@ def get(config: Mapping[str, Any], key: str, parse: Callable[[str, Any], Any],
     if key not in config or config[key] is None:
         return default
     return parse(key, config[key])
+
+
+def at_least(parse: Callable[[str, Any], Any], minimum: float, maximum: float | None = None
+             ) -> Callable[[str, Any], Any]:
+    """``parse`` followed by a range check (``minimum`` ≤ value ≤ ``maximum``), naming the key."""
+
+    def parse_in_range(key: str, value: Any) -> Any:
+        parsed = parse(key, value)
+        if parsed < minimum or (maximum is not None and parsed > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+            raise ConfigError(key, f"must be {bound}, got {value!r}")
+        return parsed
+
+    return parse_in_range
+
+
+def parse_str(key: str, value: Any) -> str:
+    """A non-empty string (paths, names, endpoints)."""
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(key, "must not be empty")
+    return text

@@ -2,9 +2,10 @@
 
 Clickstream events arrive as files (generated here, one micro-batch each).  A statekit
 ``KeyedProcessFunction`` keeps per-user running totals and sessions (a session closes after 30
-minutes of event time without events) in the RocksDB backend, checkpointing every micro-batch
-to a local directory.  Halfway through, the query is stopped and restarted from its checkpoint,
-as an operator would after a deploy.  At the end every user's totals are checked against pandas.
+minutes of event time without events) in the RocksDB backend.  Only the backend flag is set:
+statekit keeps its checkpoints beside the query's own (``<checkpointLocation>/statekit``).
+Halfway through, the query is stopped and restarted from its checkpoint, as an operator would
+after a deploy.  At the end every user's totals are checked against pandas.
 
 Run: ``python -m statekit.demo.spark_demo [--backend rocksdb|hashmap] [--adapter ...]``.
 """
@@ -15,6 +16,7 @@ import argparse
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -22,10 +24,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
+from statekit import KeyedProcessFunction, Types, ValueStateDescriptor, workdirs
+from statekit.errors import StatekitError
 
 SESSION_GAP_MS = 30 * 60 * 1000
 OUTPUT = "user string, events long, amount long, sessions long, last_ts long"
+ADAPTERS = ("foreach_batch", "transform_with_state", "apply_in_pandas_with_state")
 
 
 class UserSessions(KeyedProcessFunction):
@@ -83,23 +87,49 @@ def expected(frame: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+@contextmanager
+def stage(what: str) -> Any:
+    """Print what the demo is doing, then how long it took."""
+    print(f"==> {what} ...", flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"    {what}: {time.perf_counter() - started:.1f} s", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--backend", default="rocksdb", help="statekit backend (the config flag)")
-    parser.add_argument("--adapter", default="foreach_batch",
-                        choices=["foreach_batch", "transform_with_state"])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="rocksdb",
+                        help="statekit backend: the one config flag (default: rocksdb)")
+    parser.add_argument("--adapter", default="foreach_batch", choices=ADAPTERS)
     parser.add_argument("--files", type=int, default=6)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--users", type=int, default=2_000)
-    parser.add_argument("--dir", default=None)
+    parser.add_argument("--dir", default=None,
+                        help="work directory to keep (default: a temporary one, removed at exit)")
     args = parser.parse_args(argv)
-    work = args.dir or tempfile.mkdtemp(prefix="statekit-spark-demo-")
-    from statekit.spark import foreach_batch, local_spark, transform_with_state
+    try:
+        return run(args)
+    except StatekitError as exc:  # raised by the adapter call, before any query starts
+        print(f"error: {type(exc).__name__}: {exc}", flush=True)
+        return 2
 
-    spark = local_spark(app_name="statekit-demo", conf={
-        "spark.statekit.state.backend.type": args.backend,
-        "spark.statekit.state.checkpoints.dir": f"{work}/statekit",
-    })
+
+def run(args: argparse.Namespace) -> int:
+    from pyspark.errors import StreamingQueryException
+
+    from statekit.spark import (
+        apply_in_pandas_with_state,
+        foreach_batch,
+        local_spark,
+        statekit_error,
+        transform_with_state,
+    )
+
+    work = args.dir or str(workdirs.create(tempfile.gettempdir(), "statekit-spark-demo-"))
+    print(f"statekit streaming demo: backend={args.backend}, adapter={args.adapter}, dir={work}")
+    with stage("starting Spark (local[2], loopback only)"):
+        spark = local_spark(app_name="statekit-demo",
+                            conf={"spark.statekit.state.backend.type": args.backend})
     latest: dict[str, tuple[Any, ...]] = {}
     produced = {"rows": 0}
 
@@ -109,31 +139,42 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             if row[1] > latest.get(row[0], (None, 0))[1]:
                 latest[row[0]] = tuple(row)
-        print(f"  batch {batch_id}: {len(rows)} updates, {len(latest)} users so far", flush=True)
+        print(f"    batch {batch_id}: {len(rows)} updates, {len(latest)} users so far", flush=True)
 
-    def run_query(label: str) -> None:
+    def run_query() -> None:
         source = (spark.readStream.schema("user string, ts long, amount long")
                   .option("maxFilesPerTrigger", 1).parquet(f"{work}/events"))
         if args.adapter == "foreach_batch":
             writer = source.writeStream.foreachBatch(
                 foreach_batch(UserSessions(), "user", OUTPUT, sink, num_partitions=4))
-        else:
+        elif args.adapter == "transform_with_state":
             writer = transform_with_state(source.groupBy("user"), UserSessions(), OUTPUT
                                           ).writeStream.foreachBatch(sink).outputMode("update")
-        started = time.perf_counter()
+        else:
+            writer = apply_in_pandas_with_state(source.groupBy("user"), UserSessions(), OUTPUT
+                                                ).writeStream.foreachBatch(sink).outputMode("update")
         query = (writer.option("checkpointLocation", f"{work}/query")
                  .trigger(availableNow=True).start())
         query.awaitTermination()
-        print(f"{label}: done in {time.perf_counter() - started:.1f} s", flush=True)
 
-    print(f"statekit streaming demo: backend={args.backend}, adapter={args.adapter}, dir={work}")
-    half = args.files // 2
-    first = generate(f"{work}/events", 0, half, args.rows, args.users)
-    run_query("query run 1 (first half of the input)")
-    print("query stopped; more input arrives; restarting from the checkpoint", flush=True)
-    rest = generate(f"{work}/events", half, args.files - half, args.rows, args.users)
-    run_query("query run 2 (resumed)")
-    spark.stop()
+    try:
+        half = args.files // 2
+        with stage(f"generating {half} event files"):
+            first = generate(f"{work}/events", 0, half, args.rows, args.users)
+        with stage("query run 1 (first half of the input)"):
+            run_query()
+        print("    query stopped; more input arrives; restarting from its checkpoint", flush=True)
+        with stage(f"generating {args.files - half} more event files"):
+            rest = generate(f"{work}/events", half, args.files - half, args.rows, args.users)
+        with stage("query run 2 (resumed)"):
+            run_query()
+    except StreamingQueryException as exc:
+        found = statekit_error(exc)
+        print(f"error: {type(found).__name__}: {found}" if found else f"error: {exc}", flush=True)
+        return 1
+    finally:
+        spark.stop()
+    print(f"    statekit's checkpoints: {work}/query/statekit (beside the query's own)")
 
     want = expected(pd.concat([first, rest], ignore_index=True))
     got = pd.DataFrame.from_dict(latest, orient="index",

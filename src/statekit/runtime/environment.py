@@ -54,8 +54,13 @@ class StreamExecutionEnvironment:
     # --- flat configuration ---------------------------------------------------------------------
 
     def configure(self, configuration: Mapping[str, Any]) -> StreamExecutionEnvironment:
-        """Apply flat Flink keys (canonical names or aliases)."""
-        conf = cfg.normalize(configuration)
+        """Apply flat Flink keys (canonical names or aliases).
+
+        Keys outside statekit's namespaces are the job's own parameters
+        (``RuntimeContext.get_job_parameter``); an unknown key inside them (``state.*``,
+        ``execution.checkpointing.*``, ...) is a typo and raises :class:`ConfigError`.
+        """
+        conf = cfg.validate(cfg.normalize(configuration))
         self._config.update(conf)
         cc = self._checkpoint_config
         interval = cfg.get(conf, "execution.checkpointing.interval", cfg.parse_duration_ms)

@@ -107,7 +107,8 @@ class ProcessedStream:
                             *, savepoint_dir: str | None = None) -> CollectResult:
         """Run the job and return its (exactly-once) outputs.
 
-        ``limit`` stops (cancels) the job once that many outputs are committed;
+        ``limit`` stops (cancels) the job once at least that many outputs are committed (all
+        committed outputs are returned, since the checkpoints hold their state);
         ``savepoint_dir`` takes a savepoint when the job stops.
         """
         job = LocalJob(self, job_execution_name, limit, savepoint_dir, sink=None)
@@ -438,8 +439,9 @@ class LocalJob:
     def _result(self, coordinator: CheckpointCoordinator, attempt: int, savepoint: str | None
                 ) -> CollectResult:
         self.stats.extend(coordinator.stats)
-        committed = self.outputs.committed
-        result = CollectResult(committed if self.limit is None else committed[: self.limit])
+        # every committed output, also past ``limit``: the state behind them is in the retained
+        # checkpoints and savepoint, so dropping them here would lose them for good
+        result = CollectResult(self.outputs.committed)
         result.job_id = self.job_id
         result.restarts = attempt
         result.checkpoint_stats = self.stats

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, StateBackend
+from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
-from statekit.errors import CheckpointNotFoundError, StatekitError
+from statekit.errors import CheckpointNotFoundError, MissingStateError, StatekitError
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import TypeSerializer
 
@@ -39,6 +40,69 @@ _LOCAL: dict[tuple[str, str, int], _Local] = {}
 _LOCAL_LOCK = threading.Lock()
 
 
+class OperatorManifest:
+    """A small record an operator's tasks write with their first durable state.
+
+    It tells "this operator never had state" (a new query, or one whose state is gone as a
+    whole) from "this partition's state is missing", and records what the state was written
+    with.  One blob per (query, operator), beside the partitions' directories.
+    """
+
+    NAME = "_operator"
+    _known: set[tuple[str, str]] = set()  # (location, name) of manifests this process has seen
+
+    def __init__(self, storage: CheckpointStorage, query_id: str, operator_id: str) -> None:
+        self.access = storage.create_access(f"{query_id}/{operator_id}")
+        self.query_id = query_id
+        self.operator_id = operator_id
+
+    @property
+    def location(self) -> str:
+        return self.access.location
+
+    def exists(self) -> bool:
+        slot = (self.access.location, self.NAME)
+        if slot in self._known:
+            return True
+        if self.access.store.exists(self.NAME):
+            self._known.add(slot)
+            return True
+        return False
+
+    def load(self) -> dict[str, Any]:
+        return decode_metadata(self.access.store.get(self.NAME), f"{self.location}/{self.NAME}")
+
+    def ensure(self, batch_id: int, **facts: Any) -> None:
+        """Write the manifest unless it exists (racing writers write equivalent records)."""
+        if self.exists():
+            return
+        self.access.store.put(self.NAME, encode_metadata({
+            "layout": "operator", "query_id": self.query_id, "operator_id": self.operator_id,
+            "first_batch": batch_id, "timestamp": int(time.time() * 1000), **facts}))
+        self._known.add((self.access.location, self.NAME))
+
+    def missing(self, batch_id: int, partition: int | None = None) -> MissingStateError:
+        """The error for a task of ``batch_id`` that finds no state where state must be."""
+        where = self.location
+        if partition is not None and self.exists():
+            return MissingStateError(
+                f"the state of partition {partition} of operator {self.operator_id!r} (query "
+                f"{self.query_id}) is missing at batch {batch_id}: the operator has state under "
+                f"{where}, but not for this partition. Restore the partition's directory, or "
+                f"restart the query from a savepoint or checkpoint that holds it")
+        memory = where.startswith("jobmanager://")
+        why = ("JobManager checkpoint storage keeps state in the driver's memory, which this "
+               "driver does not have" if memory else f"{where} holds no statekit state for it")
+        return MissingStateError(
+            f"statekit state of operator {self.operator_id!r} (query {self.query_id}) is "
+            f"missing: Spark resumes the query at batch {batch_id}, but {why}. Fix: keep state "
+            f"in a durable place (leave spark.statekit.state.checkpoint-storage unset to keep it "
+            f"under the query's checkpointLocation, or set spark.statekit.state.checkpoints.dir "
+            f"to the directory that held it), or set "
+            f"spark.statekit.execution.state-recovery.allow-missing-state=true to start this "
+            f"query from empty state on purpose")
+
+
 def new_attempt_token(*parts: Any) -> str:
     """A token unique to one task attempt (Spark's ids are not unique across applications)."""
     return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:12]
@@ -50,8 +114,11 @@ class PartitionStore:
     def __init__(self, backend: StateBackend, storage: CheckpointStorage, query_id: str,
                  operator_id: str, partition: int, key_serializer: TypeSerializer,
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-                 versions_retained: int = DEFAULT_VERSIONS_RETAINED) -> None:
+                 versions_retained: int = DEFAULT_VERSIONS_RETAINED,
+                 allow_missing_state: bool = False) -> None:
         self.backend_factory = backend
+        self.manifest = OperatorManifest(storage, query_id, operator_id)
+        self.allow_missing_state = allow_missing_state
         self.query_id = query_id
         self.operator_id = operator_id
         self.partition = partition
@@ -73,6 +140,10 @@ class PartitionStore:
         """The keyed backend holding the newest durable version before ``batch_id``."""
         self.batch, self.attempt = batch_id, attempt
         base = max((v for v in self.access.completed() if v < batch_id), default=None)
+        # every partition commits every batch, so a resumed query's partition has a version
+        # before this batch: none means the state is gone, never "start empty" silently
+        if base is None and batch_id > 0 and (self.manifest.exists() or not self.allow_missing_state):
+            raise self.manifest.missing(batch_id, self.partition)
         with _LOCAL_LOCK:
             local = _LOCAL.pop(self._slot, None)
         if local is not None and base is not None and local.version == base:
@@ -116,6 +187,7 @@ class PartitionStore:
             "timestamp": int(time.time() * 1000), **(extra or {}),
         }
         path = self.access.commit(self.batch, body)
+        self.manifest.ensure(self.batch, max_parallelism=self.max_parallelism)
         self.backend.notify_checkpoint_complete(self.batch)
         with _LOCAL_LOCK:
             previous = _LOCAL.pop(self._slot, None)

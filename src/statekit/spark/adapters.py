@@ -15,21 +15,28 @@ from typing import Any
 
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
-from statekit.errors import ConfigError
+from statekit.errors import ConfigError, StatekitError
 from statekit.runtime import config as cfg
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
 from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
-from statekit.spark.jobmanager import DriverCheckpointStorage
+from statekit.spark import reporting, stopping
+from statekit.spark.jobmanager import DriverCheckpointStorage, QueryCheckpointStorage
 from statekit.spark.runner import AdapterSpec, PartitionTask, TaskInfo
+from statekit.spark.session import remember_working_roots
 
 SPARK_PREFIX = "spark.statekit."
 VERSIONS_RETAINED_KEY = "state.partition.versions-retained"
+ALLOW_MISSING_KEY = "execution.state-recovery.allow-missing-state"
 
 
 def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Flat statekit keys from Spark conf (``spark.statekit.<key>``), then ``overrides``."""
+    """Flat statekit keys from Spark conf (``spark.statekit.<key>``), then ``overrides``.
+
+    Every key is checked here, in the driver: a key statekit does not know (a typo) or a
+    malformed value raises :class:`ConfigError` naming it, with the nearest known key.
+    """
     found: dict[str, Any] = {}
     for key, value in spark.sparkContext.getConf().getAll():
         if key.startswith(SPARK_PREFIX):
@@ -42,11 +49,18 @@ def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dic
     for key, value in dict(runtime).items():
         if key.startswith(SPARK_PREFIX):
             found[key[len(SPARK_PREFIX):]] = value
-    return {**cfg.normalize(found), **cfg.normalize(overrides)}
+    from_spark = cfg.validate(cfg.normalize(found), all_keys_are_statekit=True, prefix=SPARK_PREFIX)
+    given = cfg.validate(cfg.normalize(overrides), all_keys_are_statekit=True)
+    return {**from_spark, **given}
 
 
-def resolve(conf: Mapping[str, Any]) -> tuple[StateBackend, CheckpointStorage]:
-    """The backend (default hashmap) and storage (default: the driver's memory) a query uses."""
+def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, CheckpointStorage]:
+    """The backend (default hashmap) and storage a query uses.
+
+    Storage, unless configured: the legacy backend's own (``MemoryStateBackend``,
+    ``FsStateBackend``), else files under each query's Spark checkpoint location, so that state
+    is as durable as the query.  JobManager storage lives in the driver's memory.
+    """
     if "state.backend.type" in conf:
         backend = backend_from_config(conf)
     else:
@@ -56,7 +70,7 @@ def resolve(conf: Mapping[str, Any]) -> tuple[StateBackend, CheckpointStorage]:
     if "state.checkpoint-storage" in conf or "state.checkpoints.dir" in conf:
         storage = storage_from_config(conf)
     else:
-        storage = backend.default_checkpoint_storage() or JobManagerCheckpointStorage()
+        storage = backend.default_checkpoint_storage() or QueryCheckpointStorage.start(spark, conf)
     if isinstance(storage, JobManagerCheckpointStorage) and storage.get_checkpoint_path() is None:
         storage = DriverCheckpointStorage.start(storage)
     return backend, storage
@@ -64,21 +78,32 @@ def resolve(conf: Mapping[str, Any]) -> tuple[StateBackend, CheckpointStorage]:
 
 def _spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
           operator_id: str | None, conf: Mapping[str, Any] | None) -> tuple[AdapterSpec, Any]:
+    """Resolve and check everything a query's tasks need, in the driver, before it starts."""
     if not isinstance(function, Function):
-        raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction")
+        raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
+                        f"got {type(function).__name__}")
+    stopping.install()
+    reporting.install()
     schema = _struct(spark, output_schema)
     flat = statekit_conf(spark, conf)
-    backend, storage = resolve(flat)
+    try:
+        backend, storage = resolve(flat, spark)
+    except ConfigError as exc:  # name the key as the user wrote it
+        if conf is None or exc.key not in cfg.normalize(conf):
+            raise type(exc)(SPARK_PREFIX + exc.key, str(exc).split(": ", 1)[-1]) from None
+        raise
+    roots = getattr(backend, "working_roots", None)
+    if roots is not None:  # swept of dead workers' leftovers when this driver exits
+        remember_working_roots(roots())
     max_parallelism = cfg.get(flat, "pipeline.max-parallelism", cfg.parse_int,
                               DEFAULT_MAX_PARALLELISM)
     retained = cfg.get(flat, VERSIONS_RETAINED_KEY, cfg.parse_int, DEFAULT_VERSIONS_RETAINED)
-    if retained < 2:
-        raise ConfigError(VERSIONS_RETAINED_KEY, "at least 2 versions must be kept")
     spec = AdapterSpec(
         function=function, backend=backend, storage=storage,
         operator_id=operator_id or type(function).__name__,
         key_columns=list(key_columns), output_columns=[f.name for f in schema.fields],
         max_parallelism=max_parallelism, versions_retained=retained, conf=flat,
+        allow_missing_state=bool(cfg.get(flat, ALLOW_MISSING_KEY, cfg.parse_bool, False)),
     )
     return spec, schema
 
@@ -88,7 +113,19 @@ def _struct(spark: Any, schema: Any) -> Any:
 
     if isinstance(schema, StructType):
         return schema
-    return spark.createDataFrame([], str(schema)).schema
+    try:
+        return spark.createDataFrame([], str(schema)).schema
+    except Exception as exc:
+        raise ConfigError("output_schema", f"not a Spark schema: {schema!r} ({exc})") from None
+
+
+def _active_session() -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise StatekitError("foreach_batch needs an active SparkSession: create it first")
+    return spark
 
 
 # --- transformWithStateInPandas -----------------------------------------------------------------
@@ -161,14 +198,21 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
     ``sink(output_df, batch_id)`` (materialized once, so the sink may read it many times).
     """
     key_columns = [key] if isinstance(key, str) else list(key)
-    resolved: dict[str, Any] = {}
+    if not key_columns or not all(isinstance(c, str) and c for c in key_columns):
+        raise ConfigError("key", f"expected a column name or a list of them, got {key!r}")
+    if num_partitions is not None and int(num_partitions) < 1:
+        raise ConfigError("num_partitions", f"must be at least 1, got {num_partitions!r}")
+    if not callable(sink):
+        raise ConfigError("sink", f"expected a function (output_df, batch_id), got {sink!r}")
+    spec, schema = _spec(_active_session(), function, key_columns, output_schema, operator_id,
+                         conf)
 
     def run(batch_df: Any, batch_id: int) -> None:
         spark = batch_df.sparkSession
-        if "spec" not in resolved:
-            resolved["spec"], resolved["schema"] = _spec(spark, function, key_columns,
-                                                         output_schema, operator_id, conf)
-        spec, schema = resolved["spec"], resolved["schema"]
+        missing = [c for c in key_columns if c not in batch_df.columns]
+        if missing:
+            raise ConfigError("key", f"columns {missing} are not in the batch "
+                                     f"(columns: {batch_df.columns})")
         partitions = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
         out = batch_df.repartition(partitions, *key_columns).mapInArrow(
             functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema),

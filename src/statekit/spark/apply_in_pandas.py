@@ -11,20 +11,27 @@ micro-batch, but tells Python nothing when a task ends.  So (DESIGN.md rule 3):
   local copy is not the committed lineage: the partition is restored from the newest valid
   snapshot and the key's log applied on top;
 * each task attempt records a durable marker when it starts; a process materializes its state
-  (asynchronously) only when those markers show that its own attempts were the only ones for
-  every batch it holds, so no snapshot ever holds a discarded attempt's changes;
+  only when those markers show that its own attempts were the only ones for every batch it
+  holds, so no snapshot ever holds a discarded attempt's changes;
 * a key's log is truncated, during one of its calls, only up to the marker the latest trusted
-  snapshot holds for that key (snapshots form a chain, so every later restore holds as much).
+  snapshot holds for that key.  That is safe only if every later restore starts from a snapshot
+  holding at least as much, i.e. if snapshots form one chain.  So a snapshot is taken only from
+  the newest valid one, and it is written *inside the task that takes it* (before the task's
+  first key, or inline during it): the tasks of one partition run one after another, so a later
+  task in another process always sees it.  (An upload that outlived its task could complete
+  after a later task had branched off an older snapshot; two such siblings each miss the other's
+  keys, and a restore from one breaks logs truncated against the other.)
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import random
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +39,12 @@ from statekit.errors import (
     CheckpointNotFoundError,
     ConfigError,
     CorruptCheckpointError,
+    MissingStateError,
     StatekitError,
 )
 from statekit.runtime import config as cfg
 from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext, TimerService
+from statekit.runtime.partition import OperatorManifest
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer, packb, unpackb
 from statekit.spark.adapters import _spec
@@ -58,8 +67,9 @@ Marker = tuple[int, str]  # (sequence number, attempt token) of a log entry
 
 @dataclass
 class _Pending:
+    """A snapshot this process wrote but does not trust yet (its batches not yet confirmed)."""
+
     snapshot_id: int
-    future: Future[None]
     captured: dict[Any, Marker | None]
     included: list[tuple[int, str]]
 
@@ -89,6 +99,7 @@ class PartitionRuntime:
         self.partition = partition
         self.materialize_every = max(1, materialize_every)
         self.access = spec.storage.create_access(f"{query_id}/{spec.operator_id}/p{partition:05d}")
+        self.manifest = OperatorManifest(spec.storage, query_id, spec.operator_id)
         self.backend: Any = None
         self.function: Any = None
         self.recorder = ChangeRecorder()
@@ -98,7 +109,6 @@ class PartitionRuntime:
         self.pending: _Pending | None = None
         self.last_materialized_batch = -1
         self.restores = 0
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="statekit-materialize")
 
     # --- task lifecycle ---------------------------------------------------------------------------
 
@@ -107,7 +117,8 @@ class PartitionRuntime:
         if info.attempt_token == self.token:
             return
         self.access.store.put(f"attempts/b{info.batch_id:012d}/{info.attempt_token}", b"")
-        self._settle_pending(block=True, current_batch=info.batch_id)
+        self.manifest.ensure(info.batch_id, max_parallelism=self.spec.max_parallelism)
+        self._settle_pending(current_batch=info.batch_id)
         self.calls = 0
         if self.backend is None:
             self._restore_latest(info.batch_id)
@@ -122,7 +133,7 @@ class PartitionRuntime:
         self.lineage.own_attempts.append((info.batch_id, info.attempt_token))
 
     def _base_batch(self) -> int:
-        return -1 if self.lineage.base_id is None else self.lineage.base_id // 1_000_000
+        return -1 if self.lineage.base_id is None else SnapshotId.batch_after(self.lineage.base_id)
 
     def _confirmed(self, attempts: list[tuple[int, str]], current_batch: int) -> bool:
         """Whether each (batch, attempt) was the only attempt of its batch, and Spark committed it."""
@@ -141,8 +152,8 @@ class PartitionRuntime:
 
     def _restore_latest(self, current_batch: int) -> None:
         """Replace the local state by the newest valid snapshot (or empty state)."""
+        self.pending = None  # it belongs to the lineage being replaced
         if self.backend is not None:
-            self._settle_pending(block=True)
             self.backend.dispose()
         backend = self.spec.backend.create_keyed_state_backend(
             key_serializer=GenericSerializer(), key_group_range=KeyGroupRange.all(self.spec.max_parallelism),
@@ -174,7 +185,7 @@ class PartitionRuntime:
     # --- materialization -------------------------------------------------------------------------
 
     def _materialize(self, current_batch: int, *, mid_task: bool = False) -> None:
-        """Snapshot the local state in the background.
+        """Snapshot the local state, durably, before returning (see the module's reasons).
 
         At a task's start it covers every batch before ``current_batch``; ``mid_task`` also
         covers the running batch's changes so far, which makes the snapshot *tentative*: it
@@ -185,35 +196,26 @@ class PartitionRuntime:
             return  # another process extended the chain; snapshots must build on the newest
         covered = current_batch if mid_task else current_batch - 1
         # later snapshots of one task get larger ids; the random part keeps processes apart
-        sid = (covered + 1) * 1_000_000 + min(self.calls, 999) * 1000 + random.randrange(1000)
-        streams = self.access.streams(sid, f"p{self.partition}")
-        run = self.backend.snapshot(sid, streams)
+        sid = SnapshotId.encode(covered, self.calls)
         included = list(self.lineage.own_attempts)
-        body = {"attempts": included, "base": self.lineage.base_id, "batch": covered,
-                "partition": self.partition}
-
-        def upload() -> None:
-            handle = run.run()
-            self.access.commit(sid, {**body, "tasks": {"partition": handle}})
-
-        if mid_task:  # inline: a worker process may exit right after the task, threads with it
-            future: Future[None] = Future()
-            try:
-                upload()
-                future.set_result(None)
-            except Exception as exc:
-                future.set_exception(exc)
-        else:
-            future = self._executor.submit(upload)
-        self.pending = _Pending(sid, future, dict(self.lineage.touched), included)
+        try:
+            handle = self.backend.snapshot(sid, self.access.streams(sid, f"p{self.partition}")).run()
+            self.access.commit(sid, {"attempts": included, "base": self.lineage.base_id,
+                                     "batch": covered, "partition": self.partition,
+                                     "tasks": {"partition": handle}})
+        except Exception as exc:  # an optimisation: the carried logs still hold everything
+            log.warning("partition %d: snapshot %d failed: %s", self.partition, sid, exc)
+            self.access.abort(sid, [], [])
+            return
+        self.pending = _Pending(sid, dict(self.lineage.touched), included)
         self.last_materialized_batch = covered
+        self._settle_pending(current_batch)
 
     def _mid_task_due(self) -> bool:
         """Whether to snapshot during this task: enough batches since the trusted base, and no
         snapshot in flight (a finished tentative one of this task is superseded)."""
         pending = self.pending
-        if pending is not None and not (pending.future.done()
-                                        and any(b >= self.batch for b, _ in pending.included)):
+        if pending is not None and not any(b >= self.batch for b, _ in pending.included):
             return False
         return self.batch - self._base_batch() >= self.materialize_every - 1
 
@@ -229,25 +231,15 @@ class PartitionRuntime:
                 return sid
         return None
 
-    def _settle_pending(self, block: bool, current_batch: int | None = None) -> None:
-        """Trust a finished, confirmed snapshot (truncation then uses it), keep a tentative one
-        until its batch is known to be committed, or drop a failed one."""
+    def _settle_pending(self, current_batch: int | None = None) -> None:
+        """Trust the pending snapshot once its batches are confirmed (truncation then uses it),
+        keep a tentative one until its batch is known to be committed, or drop it."""
         pending = self.pending
-        if pending is None or (not block and not pending.future.done()):
+        if pending is None:
             return
         batch = self.batch if current_batch is None else current_batch
-        tentative = any(b >= batch for b, _ in pending.included)
-        if tentative and not block:
-            return  # re-checked when the next task starts
-        try:
-            pending.future.result()
-        except Exception as exc:  # materialization is an optimisation: log and go on
-            self.pending = None
-            log.warning("partition %d: materialization %d failed: %s", self.partition,
-                        pending.snapshot_id, exc)
-            return
-        if tentative:
-            return
+        if any(b >= batch for b, _ in pending.included):
+            return  # tentative: re-checked when a later task starts
         self.pending = None
         if not self._confirmed(pending.included, batch):
             return  # an attempt it holds was not the committed one: never trusted, later retired
@@ -267,7 +259,7 @@ class PartitionRuntime:
         for sid in self.access.completed():
             if sid < min(keep):
                 self.access.discard(sid, keep)
-        needed = [min(keep) // 1_000_000 - 1]
+        needed = [SnapshotId.batch_after(min(keep)) - 1]
         for sid in keep:
             try:
                 needed += [int(b) for b, _ in self.access.load(sid).get("attempts", [])]
@@ -314,7 +306,7 @@ class PartitionRuntime:
 
     def call(self, key: Any, frames: Iterator[Any], group_state: Any) -> list[Any]:
         """Bring the key up to its committed log, run the function, log its changes."""
-        self._settle_pending(block=False)
+        self._settle_pending()
         self._group_state = group_state
         backend = self.backend
         backend.set_current_key(key)
@@ -339,9 +331,18 @@ class PartitionRuntime:
             marker = self._marker()
             self.lineage.base_markers[key] = marker
             if not self._consistent(marker, entries, tseq, tatt):
-                raise CorruptCheckpointError(
-                    f"key {key!r}: its carried change log (truncated through {tseq}) does not "
-                    f"continue the restored snapshot (marker {marker})")
+                if marker is not None and (tseq is None or marker[0] > tseq):
+                    raise CorruptCheckpointError(
+                        f"key {key!r}: the restored snapshot holds change {marker}, which is not "
+                        f"on the change log Spark committed for the key (truncated through "
+                        f"{tseq}): the snapshot holds changes of a discarded attempt")
+                if not self.spec.allow_missing_state:
+                    raise self._missing(key, tseq, marker)
+                log.warning("partition %d: key %r starts from empty state (its snapshot is "
+                            "missing and allow-missing-state is set)", self.partition, key)
+                self.recorder.clear_all()
+                marker, entries, tseq, tatt = None, [], None, None
+                self._set_marker(key, None)
         for entry in entries:
             if marker is None or entry[0] > marker[0]:
                 self.recorder.replay(entry[3])
@@ -376,6 +377,18 @@ class PartitionRuntime:
         if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
             self._materialize(self.batch, mid_task=True)  # e.g. a process that never sees a next task
         return outputs
+
+    def _missing(self, key: Any, tseq: int | None, marker: Marker | None) -> MissingStateError:
+        return MissingStateError(
+            f"statekit state of key {key!r} (operator {self.spec.operator_id!r}, partition "
+            f"{self.partition}) is missing: the change log Spark keeps for it was truncated "
+            f"through entry {tseq}, so a snapshot holding that entry must exist, but the newest "
+            f"valid snapshot under {self.access.location} holds {marker}. State kept in the "
+            f"driver's memory (JobManager storage) ends with the driver; a deleted or changed "
+            f"checkpoint directory loses it too. Fix: point spark.statekit.state.checkpoints.dir "
+            f"at the directory that held it, or set "
+            f"spark.statekit.execution.state-recovery.allow-missing-state=true to start such keys "
+            f"from empty state on purpose")
 
     def _schedule_timeout(self, group_state: Any) -> None:
         """Ask Spark to call back for the key's earliest timer (or its TTL expiry)."""
@@ -415,6 +428,22 @@ class PartitionRuntime:
         return [pd.DataFrame(rows, columns=self.spec.output_columns)] if rows else []
 
 
+class SnapshotId:
+    """Snapshot ids of a partition: ordered by the batch they reach, then by the calls a task
+    had made when it took them, with a random part keeping processes apart."""
+
+    BATCH = 1_000_000
+
+    @classmethod
+    def encode(cls, covered_batch: int, calls: int) -> int:
+        return (covered_batch + 1) * cls.BATCH + min(calls, 999) * 1000 + random.randrange(1000)
+
+    @classmethod
+    def batch_after(cls, snapshot_id: int) -> int:
+        """The first batch a snapshot does not cover."""
+        return snapshot_id // cls.BATCH
+
+
 _RUNTIMES: dict[tuple[str, str, int], PartitionRuntime] = {}
 _RUNTIMES_LOCK = threading.Lock()
 
@@ -432,15 +461,14 @@ def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
     return runtime
 
 
-def drop_runtimes() -> None:
-    """Forget every partition runtime of this process (tests)."""
-    with _RUNTIMES_LOCK:
-        runtimes = list(_RUNTIMES.values())
-        _RUNTIMES.clear()
-    for runtime in runtimes:
-        runtime._settle_pending(block=True)
-        if runtime.backend is not None:
-            runtime.backend.dispose()
+@functools.cache
+def _quiet_padding_warning() -> None:
+    """PySpark's applyInPandasWithState worker pads its output with all-NA rows and concatenates
+    them (pandas 2.x warns about that, every batch); statekit's calls trigger exactly that
+    warning in this worker process, so exactly that warning is ignored here (once per process)."""
+    warnings.filterwarnings(
+        "ignore", message="The behavior of DataFrame concatenation with empty or all-NA entries",
+        category=FutureWarning, module="pyspark.worker")
 
 
 def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: Any, *,
@@ -461,6 +489,7 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
         raise ConfigError("timeout_conf", f"unknown GroupStateTimeout {timeout_conf!r}")
 
     def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
+        _quiet_padding_warning()
         runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task)
         k = key[0] if len(key) == 1 else tuple(key)
         yield from runtime.call(k, frames, group_state)

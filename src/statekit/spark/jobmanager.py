@@ -1,10 +1,15 @@
-"""JobManager checkpoint storage on Spark: checkpoints held in the driver's memory.
+"""The driver's services to executors: JobManager checkpoint storage and query locations.
 
 A small HTTP server in the driver process (bound to the driver host, loopback in local mode)
-keeps the blobs; executors reach it through :class:`RemoteBlobStore`, authenticated by a secret
-created per query definition.  Flink's limits apply: each state under ``max_state_size`` (checked
-when it is written) and each request under the 10 MiB "RPC frame" (checked by the server).
-Checkpoints survive any worker process, and end with the driver, like a JobManager's.
+keeps JobManager checkpoints in memory; executors reach it through :class:`RemoteBlobStore`,
+authenticated by a secret created per query definition.  Flink's limits apply: each state under
+``max_state_size`` (checked when it is written) and each request under the 10 MiB "RPC frame"
+(checked by the server).  Such checkpoints survive any worker process and end with the driver,
+like a JobManager's.
+
+The same server tells executors where a running query keeps its Spark checkpoint, so that
+:class:`QueryCheckpointStorage` (the default on Spark) can keep statekit's checkpoints beside it:
+state is then exactly as durable as the query.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import secrets
 import threading
 import urllib.parse
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -31,6 +37,7 @@ from statekit.errors import (
     StateSizeError,
     UnsafePathError,
 )
+from statekit.runtime.environment import storage_from_config
 
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 _TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
@@ -46,6 +53,7 @@ class JobManagerServer:
         self.store = MemoryBlobStore()
         self.max_request_bytes = max_request_bytes
         self._secrets: set[str] = set()
+        self.locate: Callable[[str], str | None] = lambda query_id: None
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -95,6 +103,15 @@ class JobManagerServer:
                 if not self._auth():
                     return
                 parsed = urllib.parse.urlparse(self.path)
+                if parsed.path == "/query":
+                    query_id = urllib.parse.parse_qs(parsed.query).get("id", [""])[0]
+                    try:
+                        location = server.locate(query_id)
+                    except Exception as exc:  # the lookup runs JVM calls: report, never crash
+                        self._reply(500, f"cannot look up query {query_id}: {exc}".encode())
+                        return
+                    self._reply(200 if location else 404, (location or "").encode())
+                    return
                 if parsed.path == "/list":
                     prefix = urllib.parse.parse_qs(parsed.query).get("prefix", [""])[0]
                     self._reply(200, "\n".join(server.store.list(prefix)).encode())
@@ -254,3 +271,99 @@ class DriverCheckpointStorage(CheckpointStorage):
         store = RemoteBlobStore(self.url, self.secret, job_id)
         return CheckpointStorageAccess(store, f"jobmanager://{job_id}", _INLINE_ALL,
                                        self.max_state_size)
+
+
+def query_checkpoint_root(spark: Any, query_id: str) -> str | None:
+    """Where the running query ``query_id`` of ``spark`` keeps its Spark checkpoint, or None."""
+    jquery = spark._jsparkSession.streams().get(query_id)
+    if jquery is None:
+        return None
+    return str(jquery.streamingQuery().resolvedCheckpointRoot())
+
+
+def fsspec_url(hadoop_path: str) -> str:
+    """The fsspec spelling of a Hadoop path (``file:/x`` → ``/x``, ``s3a://`` → ``s3://``)."""
+    path = hadoop_path.strip()
+    for prefix in ("file://", "file:"):
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            return "/" + rest.lstrip("/")
+    for scheme in ("s3a://", "s3n://"):
+        if path.startswith(scheme):
+            return "s3://" + path[len(scheme):]
+    if path.startswith("dbfs:/"):
+        return "/dbfs/" + path[len("dbfs:/"):].lstrip("/")
+    return path
+
+
+def _lookup(url: str, secret: str, query_id: str) -> tuple[int, bytes]:
+    """Ask the driver's server where query ``query_id`` keeps its checkpoint."""
+    parsed = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=60)
+    try:
+        conn.request("GET", "/query?" + urllib.parse.urlencode({"id": query_id}),
+                     headers={_TOKEN_HEADER: secret})
+        response = conn.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise CheckpointStorageError(f"the Spark driver is unreachable at {url}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+_LOCATIONS: dict[tuple[str, str], str] = {}
+_LOCATIONS_LOCK = threading.Lock()
+
+
+class QueryCheckpointStorage(CheckpointStorage):
+    """statekit's checkpoints under each query's own checkpoint location (``<root>/statekit``).
+
+    The default on Spark: the driver knows every running query's ``checkpointLocation``; a task
+    asks the driver's server once per process and query, then writes files there through the
+    file-system storage configured by the same flat keys.  A query is then restart-safe exactly
+    when Spark's own checkpoint is, and deleting the query's checkpoint starts both afresh.
+    """
+
+    name = "query"
+    SUBDIR = "statekit"
+
+    def __init__(self, url: str, secret: str, conf: Mapping[str, Any]) -> None:
+        self.url = url
+        self.secret = secret
+        self.conf = dict(conf)
+
+    @classmethod
+    def start(cls, spark: Any, conf: Mapping[str, Any]) -> QueryCheckpointStorage:
+        """The storage for queries of ``spark``, with the driver's server answering lookups."""
+        server = JobManagerServer.get()
+        server.locate = lambda query_id: query_checkpoint_root(spark, query_id)
+        return cls(server.url, server.new_secret(), conf)
+
+    def get_savepoint_path(self) -> str | None:
+        return self.conf.get("state.savepoints.dir")
+
+    def root(self, query_id: str) -> str:
+        """``<the query's checkpoint location>/statekit``, looked up once per process."""
+        slot = (self.url, query_id)
+        with _LOCATIONS_LOCK:
+            found = _LOCATIONS.get(slot)
+        if found is None:
+            status, body = _lookup(self.url, self.secret, query_id)
+            if status != 200:
+                raise CheckpointStorageError(
+                    f"the driver does not know the checkpoint location of query {query_id} "
+                    f"({status} {body.decode(errors='replace')}); set "
+                    f"spark.statekit.state.checkpoints.dir to keep statekit state elsewhere")
+            found = f"{fsspec_url(body.decode())}/{self.SUBDIR}"
+            with _LOCATIONS_LOCK:
+                _LOCATIONS[slot] = found
+        return found
+
+    def create_access(self, job_id: str) -> CheckpointStorageAccess:
+        query_id = job_id.split("/", 1)[0]
+        storage = storage_from_config({**self.conf, "state.checkpoint-storage": "filesystem",
+                                       "state.checkpoints.dir": self.root(query_id)})
+        return storage.create_access(job_id)
+
+    def __repr__(self) -> str:
+        return "QueryCheckpointStorage(<query checkpointLocation>/statekit)"

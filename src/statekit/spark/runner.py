@@ -42,6 +42,7 @@ class AdapterSpec:
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     versions_retained: int = DEFAULT_VERSIONS_RETAINED
     conf: dict[str, Any] = field(default_factory=dict)
+    allow_missing_state: bool = False
 
     @property
     def vectorized(self) -> bool:
@@ -90,6 +91,7 @@ class PartitionTask:
         self.store = PartitionStore(
             spec.backend, spec.storage, info.query_id, spec.operator_id, info.partition,
             GenericSerializer(), spec.max_parallelism, spec.versions_retained,
+            spec.allow_missing_state,
         )
         self.backend = self.store.open(info.batch_id, info.attempt_token)
         self.function = copy.deepcopy(spec.function)

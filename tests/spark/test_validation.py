@@ -1,0 +1,66 @@
+"""Every adapter resolves and checks the whole statekit configuration in the driver, when it is
+called: a bad flag is a ConfigError there, naming the key and the nearest known one, before any
+query starts."""
+
+import pytest
+
+from statekit.errors import ConfigError, UnknownPluginError
+from statekit.spark import apply_in_pandas_with_state, foreach_batch, transform_with_state
+from statekit.testing.workloads import RunningCount
+from tests.spark.jobs import OUTPUT
+
+pytestmark = pytest.mark.spark
+
+
+def call(spark, adapter, conf=None):
+    source = spark.readStream.format("rate").load().selectExpr("cast(value as string) as key",
+                                                               "value as v")
+    if adapter == "foreach_batch":
+        return foreach_batch(RunningCount(), "key", OUTPUT, lambda df, b: None, conf=conf)
+    if adapter == "transform_with_state":
+        return transform_with_state(source.groupBy("key"), RunningCount(), OUTPUT, conf=conf)
+    return apply_in_pandas_with_state(source.groupBy("key"), RunningCount(), OUTPUT, conf=conf)
+
+
+ADAPTERS = ["foreach_batch", "transform_with_state", "apply_in_pandas_with_state"]
+CASES = [  # (spark.statekit key, value, error type, words the message must hold)
+    ("state.backend.type", "rockdb", UnknownPluginError, ["'rockdb'", "did you mean 'rocksdb'"]),
+    ("state.checkpoint-storage", "filesytem", UnknownPluginError, ["did you mean 'filesystem'"]),
+    ("state.backend.typ", "rocksdb", ConfigError,
+     ["spark.statekit.state.backend.typ", "did you mean 'spark.statekit.state.backend.type'"]),
+    ("state.partition.versions-retained", "1", ConfigError, ["at least 2"]),
+    ("pipeline.max-parallelism", "many", ConfigError, ["expected an integer"]),
+    ("state.backend.max-key-size", "-5", ConfigError, ["memory size"]),
+    ("execution.checkpointing.interval", "nan", ConfigError, ["duration"]),
+]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize(("key", "value", "error", "words"), CASES, ids=[c[0] for c in CASES])
+def test_bad_spark_conf_fails_at_the_adapter_call(spark, adapter, key, value, error, words):
+    spark.conf.set("spark.statekit." + key, value)
+    try:
+        with pytest.raises(error) as caught:
+            call(spark, adapter)
+    finally:
+        spark.conf.unset("spark.statekit." + key)
+    text = str(caught.value)
+    assert all(w in text for w in words), text
+    assert spark.streams.active == []
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_bad_conf_argument_fails_at_the_adapter_call(spark, adapter):
+    with pytest.raises(ConfigError, match=r"did you mean 'state\.checkpoints\.dir'"):
+        call(spark, adapter, conf={"state.checkpoint.dir": "/tmp/x"})
+    with pytest.raises(UnknownPluginError, match=r"^state\.backend\.type"):
+        call(spark, adapter, conf={"state.backend.type": "nosuch"})
+
+
+def test_foreach_batch_checks_its_arguments(spark):
+    with pytest.raises(ConfigError, match="num_partitions"):
+        foreach_batch(RunningCount(), "key", OUTPUT, lambda df, b: None, num_partitions=0)
+    with pytest.raises(ConfigError, match="output_schema"):
+        foreach_batch(RunningCount(), "key", "key strin, c long", lambda df, b: None)
+    with pytest.raises(TypeError, match="KeyedProcessFunction"):
+        foreach_batch(lambda row: row, "key", OUTPUT, lambda df, b: None)
