@@ -158,7 +158,7 @@ def rocksdb_env(workdir: Path) -> Env:
 
 
 def heap_op(env: Env, name: str) -> Op:
-    from statekit.state.bulk import BulkState
+    from statekit.backends.bulk import BulkState
 
     b = env.backend
     sk = b.set_current_key
@@ -366,8 +366,8 @@ def _heap_map_op(name: str, sk: Callable[[Any], None], mp: Any, rm: dict[int, di
 def rocksdb_op(env: Env, name: str) -> Op:
     from rocksdict import WriteBatch
 
+    from statekit.backends.bulk import BulkState
     from statekit.serde.types import packb, unpackb
-    from statekit.state.bulk import BulkState
 
     b = env.backend
     sk = b.set_current_key

@@ -6,8 +6,8 @@ import datetime as _dt
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
+from statekit.durations import Time, to_millis
 from statekit.errors import ConfigError
-from statekit.state.descriptors import Time, to_millis
 
 if TYPE_CHECKING:
     from statekit.checkpoint.storage import CheckpointStorage

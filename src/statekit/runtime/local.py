@@ -19,7 +19,6 @@ from typing import Any
 
 from statekit.backends.base import KeyedStateBackend
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
-from statekit.checkpoint.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.checkpoint.storage import (
     RECOVER_FROM_OLDER_KEY,
     CheckpointStorageAccess,
@@ -28,6 +27,7 @@ from statekit.checkpoint.storage import (
 )
 from statekit.checkpoint.streams import StateReader
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
+from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import (
     FlatMapFunction,
     KeyedProcessFunction,

@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from statekit.backends.bulk import BulkState
 from statekit.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -41,7 +42,6 @@ from statekit.serde.types import GenericSerializer, packb, unpackb
 from statekit.spark.adapters import _spec
 from statekit.spark.changelog import ChangeRecorder
 from statekit.spark.runner import AdapterSpec, TaskInfo
-from statekit.state.bulk import BulkState
 from statekit.state.descriptors import internal_value_descriptor
 
 log = logging.getLogger("statekit.spark")
