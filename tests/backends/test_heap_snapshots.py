@@ -480,7 +480,7 @@ def test_state_registered_while_a_snapshot_carries_it_over_stays_isolated() -> N
 
 
 def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -> None:
-    from statekit.backends import heap as heap_module
+    from statekit.backends.heap import snapshot as heap_module
 
     class FakeTime:
         now = 0.0

@@ -361,9 +361,7 @@ class FsspecBlobStore(BlobStore):
             advise = getattr(os, "posix_fadvise", None)
             offset = started = 0
             for part in parts:
-                view = memoryview(part)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, part)
                 offset += len(part)
                 if advise is not None and offset - started >= _COPY_CHUNK:
                     # start the disk writes of this stretch now (as the kernel copy does), so
@@ -484,14 +482,15 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return (proto,) if isinstance(proto, str) else tuple(proto)
 
 
-def _atomic_local_write(path: str, data: bytes) -> None:
-    def fill(fd: int) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
-    _atomic_local_commit(path, fill)
+
+def _atomic_local_write(path: str, data: bytes) -> None:
+    _atomic_local_commit(path, lambda fd: write_all(fd, data))
 
 
 def _atomic_local_copy(path: str, source: str) -> None:
@@ -563,9 +562,7 @@ def _kernel_copy(src_fd: int, dst_fd: int, *, start_writeback: bool = False) -> 
     buf = bytearray(_COPY_CHUNK)
     view = memoryview(buf)
     while n := os.readv(src_fd, [buf]):
-        chunk = view[:n]
-        while chunk:
-            chunk = chunk[os.write(dst_fd, chunk):]
+        write_all(dst_fd, view[:n])
         if advise is not None and n == _COPY_CHUNK:
             advise(dst_fd, offset, n, os.POSIX_FADV_DONTNEED)
         offset += n
@@ -617,8 +614,6 @@ def write_local_file(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
     finally:
         os.close(fd)
