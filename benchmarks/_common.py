@@ -81,7 +81,7 @@ def raw_rdict(path: Path, column_families: list[str], predefined: Any = None) ->
     """
     from rocksdict import Rdict, WriteOptions
 
-    from statekit.backends.rocksdb_options import PredefinedOptions, build_options
+    from statekit.backends.rocksdb.options import PredefinedOptions, build_options
 
     opts = build_options(predefined or PredefinedOptions.DEFAULT)
     db = Rdict(str(path), opts)

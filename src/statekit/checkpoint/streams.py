@@ -30,6 +30,11 @@ SHARED_PREFIX = "shared/"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def safe_name(text: str) -> str:
+    """``text`` usable in a file name: every run of other characters becomes one ``_``."""
+    return _UNSAFE.sub("_", text)
+
+
 class CheckpointStreams:
     """Where one task writes the state of one checkpoint (or savepoint).
 
@@ -42,7 +47,7 @@ class CheckpointStreams:
                  max_state_size: int | None = None, allow_shared: bool = True) -> None:
         self.store = store
         self.prefix = prefix
-        self.task = _UNSAFE.sub("_", task_name)
+        self.task = safe_name(task_name)
         self.inline_threshold = inline_threshold
         self.max_state_size = max_state_size
         self.allow_shared = allow_shared
@@ -63,7 +68,7 @@ class CheckpointStreams:
             )
 
     def _key(self, state_name: str, shared_name: str | None) -> str:
-        suffix = f"{self.task}-{_UNSAFE.sub('_', shared_name or state_name)}-{uuid.uuid4().hex[:12]}"
+        suffix = f"{self.task}-{safe_name(shared_name or state_name)}-{uuid.uuid4().hex[:12]}"
         if shared_name is not None and self.allow_shared:
             return SHARED_PREFIX + suffix
         return self.prefix + suffix
