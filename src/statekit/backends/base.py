@@ -44,8 +44,9 @@ from statekit.state.limits import DEFAULT_MAX_SIZE, limit_state
 from statekit.state.ttl import TtlListState, TtlMapState, TtlPolicy, TtlSerializer, TtlValueState
 
 if TYPE_CHECKING:
-    from statekit.checkpoint.storage import CheckpointStorage
-    from statekit.checkpoint.streams import CheckpointStreams, StateReader
+    from statekit.checkpoint.base import CheckpointStorage
+    from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
 
 NO_KEY: Any = type("NoKey", (), {"__repr__": lambda self: "<no current key>"})()
 

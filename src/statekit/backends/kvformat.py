@@ -20,7 +20,8 @@ from statekit.serde.msgpack import packb, unpackb
 
 if TYPE_CHECKING:
     from statekit.backends.base import KeyedStateBackend, StateMeta
-    from statekit.checkpoint.streams import CheckpointStreams, StateReader
+    from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
 
 KV_FORMAT = "statekit-kv/2"
 KV_FORMATS = ("statekit-kv/1", KV_FORMAT)

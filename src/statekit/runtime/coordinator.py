@@ -21,7 +21,7 @@ from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, SnapshotRun
 from statekit.checkpoint.config import CheckpointConfig
-from statekit.checkpoint.storage import CheckpointStorageAccess
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError, CheckpointTimeoutError, StatekitError
 

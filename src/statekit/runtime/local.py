@@ -19,13 +19,13 @@ from typing import Any
 
 from statekit.backends.base import KeyedStateBackend
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
+from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.storage import (
     RECOVER_FROM_OLDER_KEY,
     CheckpointStorageAccess,
     Savepoint,
     open_external,
 )
-from statekit.checkpoint.streams import StateReader
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import (

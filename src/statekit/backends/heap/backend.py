@@ -34,7 +34,8 @@ from statekit.backends.kvformat import (
     read_kv_entry,
     read_plain_entry,
 )
-from statekit.checkpoint.streams import CheckpointStreams, StateReader
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.msgpack import unpackb

@@ -28,7 +28,7 @@ from statekit.backends.kvformat import (
     plain_parts,
     write_plain_entry,
 )
-from statekit.checkpoint.store import write_all
+from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError, ConfigError
 from statekit.serde.keygroups import key_group_for_bytes

@@ -26,7 +26,8 @@ from statekit.backends.rocksdb.states import (
     RocksDBValueState,
     RocksState,
 )
-from statekit.checkpoint.streams import CheckpointStreams, StateReader
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.msgpack import packb

@@ -24,7 +24,7 @@ from statekit.backends.rocksdb.options import (
     build_options,
     resolve_options_factory,
 )
-from statekit.checkpoint.storage import CheckpointStorage
+from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.streams import safe_name
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange

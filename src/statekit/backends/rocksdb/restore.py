@@ -19,7 +19,7 @@ from statekit.backends.kvformat import KV_FORMATS, read_kv_states
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT
-from statekit.checkpoint.streams import StateReader
+from statekit.checkpoint.reader import StateReader
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
 
