@@ -20,7 +20,7 @@ STRICT = os.environ.get("STATEKIT_BENCH_STRICT") == "1" and not QUICK
 MAXP = 128
 MIB = 1024 * 1024
 
-# the targets of issue 5 (library throughput as a fraction of its raw baseline)
+# throughput targets: the library's throughput as a fraction of its raw baseline, per medium
 TARGETS = {"heap": 0.30, "rocksdb": 0.70, "disk": 0.70}
 
 

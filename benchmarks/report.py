@@ -470,7 +470,7 @@ def _cell(v: Any) -> str:
 def section_spark(spark: Path, img: Path, rel: str) -> str:
     head = "## Spark end-to-end\n\n"
     if not spark.exists():
-        return head + ("See the Spark end-to-end benchmark of issue 7 (`benchmarks/test_spark_e2e.py`, "
+        return head + ("See the Spark end-to-end throughput benchmark (`benchmarks/test_spark_e2e.py`, "
                        "`benchmarks/spark_driver.py`); its results are included here from "
                        f"`benchmarks/results/{spark.name}` when that file exists (it did not exist when "
                        "this report was generated).\n")

@@ -1,4 +1,4 @@
-# --- local S3 server (issue 6): moto's server on 127.0.0.1, started once per session -------------
+# --- local S3 server: moto's server on 127.0.0.1, started once per session ------------------------
 
 import os as _os
 import uuid as _uuid

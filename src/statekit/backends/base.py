@@ -256,9 +256,6 @@ class KeyedStateBackend(ABC):
     def _create_state(self, meta: StateMeta) -> State:
         """A ValueState / ListState / MapState (by ``meta.kind``) over this backend's storage."""
 
-    def registered_state_names(self) -> list[str]:
-        return list(self._states)
-
     # --- snapshots ---------------------------------------------------------------------------------
 
     @abstractmethod

@@ -1,6 +1,7 @@
 """RocksDB options: kept importable from here; they live in :mod:`statekit.backends.rocksdb.options`."""
 
 from statekit.backends.rocksdb.options import (
+    MB,
     OptionsFactory,
     PredefinedOptions,
     build_options,
@@ -9,6 +10,7 @@ from statekit.backends.rocksdb.options import (
 )
 
 __all__ = [
+    "MB",
     "OptionsFactory",
     "PredefinedOptions",
     "build_options",

@@ -2,15 +2,22 @@
 :mod:`statekit.runtime.coordinator`.
 
 The coordinator drives backends and storage together, so it sits in the runtime (as Flink's does
-in flink-runtime); this alias keeps imports written against the old path working and is the one
-sanctioned upward import of the checkpoint layer.
+in flink-runtime).  Importing this module loads nothing from above the checkpoint layer; the
+names are looked up by their path, with a :class:`DeprecationWarning`, only when old code asks
+for them (as the plugin registry loads classes by path).
 """
 
+import importlib
 import warnings
+from typing import Any
 
-from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
+_MOVED = {"CheckpointCoordinator": "statekit.runtime.coordinator",
+          "CheckpointStats": "statekit.runtime.coordinator"}
 
-warnings.warn("statekit.checkpoint.coordinator is deprecated; import CheckpointCoordinator from "
-              "statekit.runtime.coordinator", DeprecationWarning, stacklevel=2)
 
-__all__ = ["CheckpointCoordinator", "CheckpointStats"]
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"statekit.checkpoint.coordinator is deprecated; import {name} from "
+                      f"{_MOVED[name]}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,14 +1,21 @@
 """Deprecated location of :class:`BulkState`, which now lives in :mod:`statekit.backends.bulk`.
 
-Bulk access drives a keyed backend, so it sits in the backends layer; this alias keeps imports
-written against the old path working and is the one sanctioned upward import of the state layer.
+Bulk access drives a keyed backend, so it belongs to the backends layer.  Importing this module
+loads nothing from above the state layer; the name is looked up by its path, with a
+:class:`DeprecationWarning`, only when old code asks for it (as the plugin registry loads
+classes by path).
 """
 
+import importlib
 import warnings
+from typing import Any
 
-from statekit.backends.bulk import BulkState
+_MOVED = {"BulkState": "statekit.backends.bulk"}
 
-warnings.warn("statekit.state.bulk is deprecated; import BulkState from statekit.backends.bulk",
-              DeprecationWarning, stacklevel=2)
 
-__all__ = ["BulkState"]
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"statekit.state.bulk is deprecated; import {name} from {_MOVED[name]}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

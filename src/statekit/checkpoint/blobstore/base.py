@@ -11,8 +11,12 @@ import os
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
-from statekit.errors import UnsafePathError
+from statekit.checkpoint.blobstore.retry import RetryPolicy, call_typed
+from statekit.errors import CheckpointNotFoundError, UnsafePathError
+
+T = TypeVar("T")
 
 #: called as ``hook(operation, path)`` before every file operation of a file-backed store (and
 #: before each step of a local atomic write); crash tests use it to die between two operations
@@ -170,3 +174,29 @@ class BlobStore(ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+
+class PathBlobStore(BlobStore):
+    """A store whose blobs are files under ``root`` (the local disk, an fsspec file system):
+    keys become paths, and every operation is retried with typed errors."""
+
+    root_url: str
+    root: str
+    retry: RetryPolicy
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{check_key(key)}"
+
+    def describe(self) -> str:
+        return self.root_url
+
+    def _call(self, what: str, operation: Callable[[], T]) -> T:
+        return call_typed(self.retry, what, operation)
+
+    def _read(self, path: str, operation: Callable[[], T]) -> T:
+        """A read of ``path``; a missing file is a typed "missing checkpoint file" error."""
+        try:
+            return self._call(f"read {path}", operation)
+        except CheckpointNotFoundError as exc:
+            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+

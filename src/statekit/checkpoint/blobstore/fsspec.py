@@ -13,17 +13,13 @@ from __future__ import annotations
 import os
 import posixpath
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import fsspec
 
-from statekit.checkpoint.blobstore.base import BlobStore, check_key, run_operation_hook
+from statekit.checkpoint.blobstore.base import PathBlobStore, run_operation_hook
 from statekit.checkpoint.blobstore.local import LocalBlobStore
-from statekit.checkpoint.blobstore.retry import RetryPolicy, call_typed
-from statekit.errors import CheckpointNotFoundError
-
-T = TypeVar("T")
+from statekit.checkpoint.blobstore.retry import RetryPolicy
 
 
 def _resolve(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
@@ -40,7 +36,7 @@ def _is_local(url: str, storage_options: dict[str, Any] | None) -> bool:
     return "file" in ((proto,) if isinstance(proto, str) else tuple(proto))
 
 
-class FsspecBlobStore(BlobStore):
+class FsspecBlobStore(PathBlobStore):
     """Blobs on an fsspec file system under ``root`` (a URL).
 
     Constructed with a local path or ``file://`` URL it returns a :class:`LocalBlobStore`, whose
@@ -104,15 +100,6 @@ class FsspecBlobStore(BlobStore):
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
 
-    def _path(self, key: str) -> str:
-        return f"{self.root}/{check_key(key)}"
-
-    def describe(self) -> str:
-        return self.root_url
-
-    def _call(self, what: str, operation: Callable[[], T]) -> T:
-        return call_typed(self.retry, what, operation)
-
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if len(data) > self.multipart_threshold:
@@ -160,10 +147,7 @@ class FsspecBlobStore(BlobStore):
         """``fs.get_file`` (a streamed download), retried per the store's policy."""
         path, dest = self._path(key), os.fspath(local_path)
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)  # never "missing blob"
-        try:
-            self._call(f"read {path}", lambda: self.fs.get_file(path, dest))
-        except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+        self._read(path, lambda: self.fs.get_file(path, dest))
 
     def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
         path = self._path(key)
@@ -174,10 +158,7 @@ class FsspecBlobStore(BlobStore):
             end = None if length is None else start + length
             return bytes(self.fs.cat_file(path, start=start, end=end))
 
-        try:
-            return self._call(f"read {path}", read)
-        except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+        return self._read(path, read)
 
     def exists(self, key: str) -> bool:
         path = self._path(key)

@@ -14,23 +14,19 @@ import errno
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
 
 import fsspec
 
 from statekit.checkpoint.blobstore.base import (
-    BlobStore,
-    check_key,
+    PathBlobStore,
     run_operation_hook,
     write_all,
 )
-from statekit.checkpoint.blobstore.retry import RetryPolicy, call_typed
+from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.errors import CheckpointError, CheckpointNotFoundError, CheckpointStorageError
 
-T = TypeVar("T")
 
-
-class LocalBlobStore(BlobStore):
+class LocalBlobStore(PathBlobStore):
     """Blobs as files under the local directory ``root`` (a path or ``file://`` URL).
 
     Transient OS errors are retried per ``retry``; permanent ones become typed checkpoint errors.
@@ -59,15 +55,6 @@ class LocalBlobStore(BlobStore):
         """Blobs are files on this machine (kept for code that checked ``FsspecBlobStore.local``)."""
         return True
 
-    def _path(self, key: str) -> str:
-        return f"{self.root}/{check_key(key)}"
-
-    def describe(self) -> str:
-        return self.root_url
-
-    def _call(self, what: str, operation: Callable[[], T]) -> T:
-        return call_typed(self.retry, what, operation)
-
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         self._call(f"write {path}", lambda: _atomic_local_write(path, data))
@@ -87,10 +74,7 @@ class LocalBlobStore(BlobStore):
                 return
             _local_copy(path, dest)
 
-        try:
-            self._call(f"read {path}", fetch)
-        except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+        self._read(path, fetch)
 
     def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
         path = self._path(key)
@@ -101,10 +85,7 @@ class LocalBlobStore(BlobStore):
                     fh.seek(start)
                 return fh.read() if length is None else fh.read(length)
 
-        try:
-            return self._call(f"read {path}", read)
-        except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+        return self._read(path, read)
 
     def put_parts(self, key: str, parts: Iterable[bytes]) -> None:
         """Each part written into the temp file as it arrives, then fsync and rename (not
