@@ -9,11 +9,11 @@ entries only, is still read.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from statekit.checkpoint.checksum import part_locations
 from statekit.errors import CorruptCheckpointError, SerializationError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.msgpack import packb, unpackb
@@ -80,15 +80,6 @@ def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:
     """The task handle of a ``KV_FORMAT`` snapshot."""
     return {**handle_header(backend, KV_FORMAT), "states": states}  # type: ignore[typeddict-item]
-
-
-def part_locations(parts: Iterable[bytes | memoryview], offset: int = 0) -> list[list[int]]:
-    """``[offset, length, crc32]`` of consecutive parts starting at ``offset``."""
-    locations = []
-    for part in parts:
-        locations.append([offset, len(part), zlib.crc32(part)])
-        offset += len(part)
-    return locations
 
 
 # --- indexed entries -------------------------------------------------------------------------------

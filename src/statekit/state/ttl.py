@@ -236,6 +236,11 @@ class TtlPolicy:
         drop = self.drop_expired
         return lambda stored: drop(kind, stored, at)
 
+    def snapshot_limit(self) -> int | None:
+        """For backends that filter serialized values: a full snapshot drops entries stamped at
+        or before this time (the clock, read now, minus the TTL); None when it drops nothing."""
+        return self.clock() - self.ttl if self.cleanup_full_snapshot else None
+
 
 def stamp_of(data: bytes) -> Any:
     """The last-access timestamp of a serialized TTL value (the msgpack array ``[value, ts]``)."""

@@ -61,9 +61,8 @@ class RocksDBSnapshotStrategy:
         info = {name: dict(backend._state_info[name]) for name in backend._state_names()}
         base = dict(backend._confirmed) if backend.incremental and not savepoint else {}
         metas = dict(backend._metas)
-        expiring = {name: meta.ttl.clock() - meta.ttl.ttl
-                    for name, meta in metas.items()
-                    if meta.ttl is not None and meta.ttl.cleanup_full_snapshot}
+        limits = {name: meta.ttl.snapshot_limit() for name, meta in metas.items() if meta.ttl}
+        expiring = {name: limit for name, limit in limits.items() if limit is not None}
 
         def run() -> dict[str, Any]:
             try:
@@ -197,11 +196,9 @@ class RocksDBSnapshotStrategy:
                 data = KvStateData(entry["layout"], entry["kind"])
                 cf = db.get_column_family(name)
                 meta = metas.get(name)
-                policy = meta.ttl if meta is not None else None
-                drop = policy is not None and policy.cleanup_full_snapshot
-                limit = policy.clock() - policy.ttl if drop else 0  # type: ignore[union-attr]
+                limit = meta.ttl.snapshot_limit() if meta is not None and meta.ttl else None
                 for kg, kb, value in grouped(cf, entry["kind"]):
-                    if drop:
+                    if limit is not None:
                         value = drop_expired(entry["kind"], value, limit)
                         if value is None:
                             continue
