@@ -39,8 +39,12 @@ class TestRocksDBIncremental(BackendConformance):
         return rocks(True, threads=2)
 
 
+# every example's checkpoint directory lives under one directory, removed when the run ends
+_ROOT = tempfile.TemporaryDirectory(prefix="statekit-rocks-model-")
+
+
 def _fs_storage():
-    return FileSystemCheckpointStorage(tempfile.mkdtemp(prefix="statekit-rocks-model-"),
+    return FileSystemCheckpointStorage(tempfile.mkdtemp(dir=_ROOT.name),
                                        file_state_size_threshold=128)
 
 
