@@ -11,7 +11,7 @@ Shapes (per op, one round = ``OPS`` operations over the same random key sequence
   floor of one C call per op, for reference;
 * ``*_hot`` rows: the value ops over a cache-resident set of ``HOT_KEYS`` keys, where the raw store
   is fastest and the interpreter overhead of the library shows most;
-* bulk rows (``bulk_get``/``bulk_put``): ``statekit.state.bulk.BulkState`` against the vectorized raw
+* bulk rows (``bulk_get``/``bulk_put``): ``statekit.backends.bulk.BulkState`` against the vectorized raw
   call (``dict.update`` / list comprehension; rocksdict multi-get / one ``WriteBatch``).
 """
 

@@ -161,7 +161,7 @@ ratio is the median of the per-round ratios. statekit side: `backend.set_current
 call. Baselines: a `dict` of Python objects (heap); a raw-mode `rocksdict` with the backend's options,
 one column family per state, the same key bytes (key-group prefix + msgpack key, built per op) and
 msgpack values decoded on read (RocksDB); "prekeyed" = raw rocksdict with the key bytes built before
-the loop (the one-C-call floor). `bulk_get`/`bulk_put` are `statekit.state.bulk.BulkState` against the
+the loop (the one-C-call floor). `bulk_get`/`bulk_put` are `statekit.backends.bulk.BulkState` against the
 vectorized raw call (list comprehension / `dict.update`; rocksdict multi-get / one `WriteBatch`).
 
 ![state access ratios]({rel}/state_access_ratios.png)
