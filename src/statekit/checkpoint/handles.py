@@ -33,10 +33,12 @@ class FileHandle(TypedDict):
 
 
 def inline_handle(data: bytes, crc: int) -> InlineHandle:
+    """The handle of ``data`` kept inside the metadata."""
     return {"type": "inline", "data": bytes(data), "size": len(data), "crc": crc}
 
 
 def file_handle(path: str, size: int, crc: int) -> FileHandle:
+    """The handle of a file written under the checkpoint's root."""
     return {"type": "file", "path": path, "size": size, "crc": crc}
 
 

@@ -56,6 +56,7 @@ class RocksDBRestoreOperation:
         self.backend = backend
 
     def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
+        """Replace the backend's database with the key groups of its range from ``handles``."""
         backend = self.backend
         mine = backend.key_group_range
         native, neutral = [], []
