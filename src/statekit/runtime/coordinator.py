@@ -48,7 +48,7 @@ class CheckpointStats:
 
 
 @dataclass
-class _Pending:
+class _PendingCheckpoint:
     checkpoint_id: int
     started: float
     payload: dict[str, Any]
@@ -71,7 +71,7 @@ class CheckpointCoordinator:
         self.access = access
         self.clock = clock
         self.next_id = first_checkpoint_id
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, _PendingCheckpoint] = {}
         # complete checkpoints of this job written by earlier attempts are retained (and trimmed)
         try:
             earlier = [c for c in access.completed() if c < first_checkpoint_id]
@@ -80,7 +80,7 @@ class CheckpointCoordinator:
             earlier = []
         self.retained: list[int] = earlier
         self.savepoints: list[tuple[int, str]] = []
-        self._zombies: list[_Pending] = []  # aborted attempts whose threads may still write
+        self._zombies: list[_PendingCheckpoint] = []  # aborted attempts whose threads may still write
         self.stats: list[CheckpointStats] = []
         self.consecutive_failures = 0
         self._last_end = -float("inf")
@@ -108,7 +108,7 @@ class CheckpointCoordinator:
         self._last_trigger = self.clock()
         stats = CheckpointStats(cid)
         self.stats.append(stats)
-        pending = _Pending(cid, self.clock(), payload, {}, {}, stats=stats, tasks=dict(tasks))
+        pending = _PendingCheckpoint(cid, self.clock(), payload, {}, {}, stats=stats, tasks=dict(tasks))
         latest = self.latest_completed()
         pending.base_floor = float("inf") if latest is None else latest
         self.pending[cid] = pending
@@ -174,7 +174,7 @@ class CheckpointCoordinator:
             done.append(cid)
         return done
 
-    def _complete(self, pending: _Pending) -> None:
+    def _complete(self, pending: _PendingCheckpoint) -> None:
         cid = pending.checkpoint_id
         handles = {name: f.result() for name, f in pending.futures.items()}
         body = {**pending.payload, "tasks": handles, "timestamp": int(time.time() * 1000)}
@@ -220,7 +220,7 @@ class CheckpointCoordinator:
                 still.append(pending)
         self._zombies = still
 
-    def _abort(self, pending: _Pending, reason: str) -> None:
+    def _abort(self, pending: _PendingCheckpoint, reason: str) -> None:
         for streams in pending.streams.values():
             streams.cancelled = True
         for future in pending.futures.values():
@@ -241,7 +241,7 @@ class CheckpointCoordinator:
         self._last_end = self.clock()
         self._trim_retained()
 
-    def _fail(self, pending: _Pending, exc: BaseException) -> None:
+    def _fail(self, pending: _PendingCheckpoint, exc: BaseException) -> None:
         self._abort(pending, str(exc))
         assert pending.stats is not None
         pending.stats.status = "failed"

@@ -136,8 +136,6 @@ class TimerService:
     PROCESSING_TIME = "PROCESSING_TIME"
 
     def __init__(self, backend: KeyedStateBackend, clock: Any, watermark: Any) -> None:
-        from statekit.state.descriptors import MapStateDescriptor
-
         descriptor = MapStateDescriptor("timers", Types.LONG(), Types.STRING())
         descriptor.name = "__statekit_timers"
         self._timers = backend.get_partitioned_state(descriptor)
