@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import fsspec
+from fsspec.utils import get_protocol
 
 from statekit.checkpoint.blobstore.base import PathBlobStore, run_operation_hook
 from statekit.checkpoint.blobstore.local import LocalBlobStore
@@ -30,9 +31,9 @@ def _resolve(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
     return fs, path
 
 
-def _is_local(url: str, storage_options: dict[str, Any] | None) -> bool:
-    fs, _ = _resolve(url.rstrip("/") or "/", dict(storage_options or {}))
-    proto = fs.protocol
+def _is_local(url: str) -> bool:
+    """Whether ``url`` names the local file system (decided by its protocol, no instance made)."""
+    proto = fsspec.get_filesystem_class(get_protocol(url)).protocol
     return "file" in ((proto,) if isinstance(proto, str) else tuple(proto))
 
 
@@ -50,7 +51,7 @@ class FsspecBlobStore(PathBlobStore):
 
     def __new__(cls, root: str | None = None, storage_options: dict[str, Any] | None = None,
                 **kwargs: Any) -> Any:
-        if cls is FsspecBlobStore and root is not None and _is_local(root, storage_options):
+        if cls is FsspecBlobStore and root is not None and _is_local(root):
             return LocalBlobStore(root, retry=kwargs.get("retry"))
         return super().__new__(cls)
 
@@ -207,6 +208,6 @@ def blob_store_for(url: str, storage_options: dict[str, Any] | None = None, *,
                    ) -> LocalBlobStore | FsspecBlobStore:
     """The blob store for ``url``: :class:`LocalBlobStore` on the local file system,
     :class:`FsspecBlobStore` on any other fsspec file system."""
-    if _is_local(url, storage_options):
+    if _is_local(url):
         return LocalBlobStore(url, retry=retry)
     return FsspecBlobStore(url, storage_options, retry=retry, multipart_threshold=multipart_threshold)
