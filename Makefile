@@ -24,6 +24,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 BENCH_PYTEST := $(PY) -m pytest benchmarks --ignore=benchmarks/diskprofiles -p no:cacheprovider -q -s \
 	-o testpaths=benchmarks --benchmark-sort=name --benchmark-columns=min,median,max,rounds

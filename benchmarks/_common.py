@@ -20,7 +20,7 @@ STRICT = os.environ.get("STATEKIT_BENCH_STRICT") == "1" and not QUICK
 MAXP = 128
 MIB = 1024 * 1024
 
-# the targets of issue 5 (library throughput as a fraction of its raw baseline)
+# throughput targets: the library's throughput as a fraction of its raw baseline, per medium
 TARGETS = {"heap": 0.30, "rocksdb": 0.70, "disk": 0.70}
 
 
@@ -81,7 +81,7 @@ def raw_rdict(path: Path, column_families: list[str], predefined: Any = None) ->
     """
     from rocksdict import Rdict, WriteOptions
 
-    from statekit.backends.rocksdb_options import PredefinedOptions, build_options
+    from statekit.backends.rocksdb.options import PredefinedOptions, build_options
 
     opts = build_options(predefined or PredefinedOptions.DEFAULT)
     db = Rdict(str(path), opts)

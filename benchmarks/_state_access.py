@@ -11,7 +11,7 @@ Shapes (per op, one round = ``OPS`` operations over the same random key sequence
   floor of one C call per op, for reference;
 * ``*_hot`` rows: the value ops over a cache-resident set of ``HOT_KEYS`` keys, where the raw store
   is fastest and the interpreter overhead of the library shows most;
-* bulk rows (``bulk_get``/``bulk_put``): ``statekit.state.bulk.BulkState`` against the vectorized raw
+* bulk rows (``bulk_get``/``bulk_put``): ``statekit.backends.bulk.BulkState`` against the vectorized raw
   call (``dict.update`` / list comprehension; rocksdict multi-get / one ``WriteBatch``).
 """
 
@@ -158,7 +158,7 @@ def rocksdb_env(workdir: Path) -> Env:
 
 
 def heap_op(env: Env, name: str) -> Op:
-    from statekit.state.bulk import BulkState
+    from statekit.backends.bulk import BulkState
 
     b = env.backend
     sk = b.set_current_key
@@ -366,8 +366,8 @@ def _heap_map_op(name: str, sk: Callable[[Any], None], mp: Any, rm: dict[int, di
 def rocksdb_op(env: Env, name: str) -> Op:
     from rocksdict import WriteBatch
 
+    from statekit.backends.bulk import BulkState
     from statekit.serde.types import packb, unpackb
-    from statekit.state.bulk import BulkState
 
     b = env.backend
     sk = b.set_current_key

@@ -161,7 +161,7 @@ ratio is the median of the per-round ratios. statekit side: `backend.set_current
 call. Baselines: a `dict` of Python objects (heap); a raw-mode `rocksdict` with the backend's options,
 one column family per state, the same key bytes (key-group prefix + msgpack key, built per op) and
 msgpack values decoded on read (RocksDB); "prekeyed" = raw rocksdict with the key bytes built before
-the loop (the one-C-call floor). `bulk_get`/`bulk_put` are `statekit.state.bulk.BulkState` against the
+the loop (the one-C-call floor). `bulk_get`/`bulk_put` are `statekit.backends.bulk.BulkState` against the
 vectorized raw call (list comprehension / `dict.update`; rocksdict multi-get / one `WriteBatch`).
 
 ![state access ratios]({rel}/state_access_ratios.png)
@@ -470,7 +470,7 @@ def _cell(v: Any) -> str:
 def section_spark(spark: Path, img: Path, rel: str) -> str:
     head = "## Spark end-to-end\n\n"
     if not spark.exists():
-        return head + ("See the Spark end-to-end benchmark of issue 7 (`benchmarks/test_spark_e2e.py`, "
+        return head + ("See the Spark end-to-end throughput benchmark (`benchmarks/test_spark_e2e.py`, "
                        "`benchmarks/spark_driver.py`); its results are included here from "
                        f"`benchmarks/results/{spark.name}` when that file exists (it did not exist when "
                        "this report was generated).\n")

@@ -1,4 +1,4 @@
-"""Spark end-to-end benchmark driver (issues 7 and 8): inputs, stateful functions, one run per path.
+"""Spark end-to-end benchmark driver (throughput, large map state): inputs, functions, one run per path.
 
 Every path reads the same parquet files through the streaming file source (one file per trigger,
 ``maxFilesPerTrigger=1``, ``trigger(availableNow=True)``) and writes its updates through the same
@@ -172,7 +172,7 @@ def read_input(directory: Path) -> pd.DataFrame:
 
 
 class MapUpdate(KeyedProcessFunction):
-    """Issue 8: a MapState per key; each event adds v to one entry and emits the entry's new value."""
+    """Large map state: a MapState per key; each event adds v to one entry and emits the entry's new value."""
 
     def open(self, ctx: Any) -> None:
         self.m = ctx.get_map_state(MapStateDescriptor("m", Types.LONG(), Types.LONG()))

@@ -1,13 +1,13 @@
-"""Spark end-to-end benchmark (issues 7 and 8); the runs themselves are in ``spark_driver``.
+"""Spark end-to-end benchmark: throughput and large map state; the runs themselves are in ``spark_driver``.
 
-Issue 7: a per-key running (count, sum) over 10 files x 100k rows / 50k keys through Spark's own
+Throughput: a per-key running (count, sum) over 10 files x 100k rows / 50k keys through Spark's own
 ``applyInPandasWithState``, ``transformWithStateInPandas`` and native ``groupBy().agg``, and every
 statekit adapter x backend.  The per-key Python paths (Spark's and statekit's ``applyInPandasWithState``
 / ``transformWithStateInPandas``) run at 1-2k rows/s, so they read only the first
 ``STATEKIT_SPARK_SLOW_FILES`` (default 2) files: still 50k keys; each result records its ``rows``
 and ``input`` (``full`` / ``slow``).
 
-Issue 8: a MapState of 10k entries per key (20 keys, filled in the first batch, then every event
+Large map state: a MapState of 10k entries per key (20 keys, filled in the first batch, then every event
 changes one entry) through statekit's ``apply_in_pandas_with_state`` against Spark's
 ``applyInPandasWithState`` holding the map (a pickled dict) in its state row: rows/s and the state
 bytes written per batch.
@@ -91,7 +91,7 @@ def test_issue8_large_map_state(benchmark, env, path, backend):
 def test_targets():
     summary = next((r for r in summarize(RESULTS) if r["path"] == "summary"), None)
     if summary is None:
-        pytest.skip("the issue 7 paths did not all run")
+        pytest.skip("the throughput paths did not all run")
     print(f"\nfastest statekit path {summary['fastest_statekit_path']}[{summary['backend']}]: "
           f"{summary['ratio_to_apply_in_pandas']}x Spark's applyInPandasWithState (target >= 10), "
           f"{summary['ratio_to_native_count']}x native groupBy count (target >= 0.5)")

@@ -14,6 +14,7 @@ from statekit.checkpoint.storage import (
     FileSystemCheckpointStorage,
     JobManagerCheckpointStorage,
 )
+from statekit.durations import Time
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import (
     FlatMapFunction,
@@ -38,7 +39,6 @@ from statekit.state.descriptors import (
     ReduceFunction,
     ReducingStateDescriptor,
     StateTtlConfig,
-    Time,
     ValueStateDescriptor,
 )
 

@@ -22,10 +22,10 @@ from statekit import (
 from statekit.backends.base import KV_FORMAT
 from statekit.backends.heap import HEAP_CHANGELOG_FORMAT, HeapKeyedStateBackend
 from statekit.checkpoint.config import CheckpointConfig
-from statekit.checkpoint.coordinator import CheckpointCoordinator
 from statekit.checkpoint.storage import CheckpointStorageAccess
 from statekit.checkpoint.streams import SHARED_PREFIX, file_paths
 from statekit.errors import ConfigError
+from statekit.runtime.coordinator import CheckpointCoordinator
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import serializer_for
 
@@ -480,7 +480,7 @@ def test_state_registered_while_a_snapshot_carries_it_over_stays_isolated() -> N
 
 
 def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -> None:
-    from statekit.backends import heap as heap_module
+    from statekit.backends.heap import snapshot as heap_module
 
     class FakeTime:
         now = 0.0

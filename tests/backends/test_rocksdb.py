@@ -527,7 +527,7 @@ def test_getters_setters_and_configure(tmp_path):
 _OPEN_IN_CHILD = """
 import sys
 from statekit.backends.rocksdb import open_db
-from statekit.backends.rocksdb_options import build_options
+from statekit.backends.rocksdb.options import build_options
 from statekit.errors import BackendLockedError
 try:
     db = open_db(sys.argv[1], build_options)
@@ -553,7 +553,7 @@ def test_second_process_gets_a_clear_error_and_close_releases_the_lock():
         kb.get_partitioned_state(VALUE).update(1)
         assert _open_in_child(kb.db_path).startswith("LOCKED")
         with pytest.raises(BackendLockedError):  # a second handle in this process, too
-            from statekit.backends.rocksdb_options import build_options
+            from statekit.backends.rocksdb.options import build_options
 
             open_db(kb.db_path, build_options)
         kb.close()

@@ -25,10 +25,10 @@ from statekit import (
 from statekit.backends.base import SnapshotRun
 from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.checkpoint.config import CheckpointConfig
-from statekit.checkpoint.coordinator import CheckpointCoordinator
 from statekit.checkpoint.storage import CheckpointStorageAccess
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError
+from statekit.runtime.coordinator import CheckpointCoordinator
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import serializer_for
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from statekit.checkpoint.blobstore import FsspecBlobStore
 from statekit.checkpoint.storage import CheckpointStorageAccess
-from statekit.checkpoint.store import FsspecBlobStore
 from statekit.checkpoint.streams import file_paths
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.testing.faults import KILL_AT_ENV

@@ -18,6 +18,7 @@ from collections import Counter
 
 import pytest
 
+from statekit.checkpoint.blobstore import FsspecBlobStore
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.retry import RetryPolicy, TransientStorageError, is_transient
@@ -27,7 +28,6 @@ from statekit.checkpoint.storage import (
     FileSystemCheckpointStorage,
     open_external,
 )
-from statekit.checkpoint.store import FsspecBlobStore
 from statekit.checkpoint.streams import StateReader, file_paths
 from statekit.errors import (
     CheckpointError,

@@ -11,10 +11,12 @@ import zlib
 
 import pytest
 
-from statekit.checkpoint import store as store_module
+from statekit.checkpoint.blobstore import FsspecBlobStore, MemoryBlobStore, set_operation_hook
+from statekit.checkpoint.blobstore import local as local_store_module
+from statekit.checkpoint.checksum import crc32_combine, file_crc
+from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
-from statekit.checkpoint.store import FsspecBlobStore, MemoryBlobStore
-from statekit.checkpoint.streams import CheckpointStreams, StateReader, crc32_combine, file_crc
+from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -104,11 +106,11 @@ def test_local_put_file_is_atomic_and_fsynced(tmp_path, monkeypatch):
     store = FsspecBlobStore(str(tmp_path / "root"))
     src, data = _source(tmp_path, 100_000)
     ops: list[str] = []
-    previous = store_module.set_operation_hook(lambda op, path: ops.append(op))
+    previous = set_operation_hook(lambda op, path: ops.append(op))
     try:
         store.put_file("x/y", src)
     finally:
-        store_module.set_operation_hook(previous)
+        set_operation_hook(previous)
     assert ops == ["create-temp", "write", "fsync", "rename", "fsync-dir"]
     assert store.get("x/y") == data
 
@@ -121,7 +123,7 @@ def test_local_put_file_failure_mid_copy_removes_temp(tmp_path, monkeypatch):
     def boom(src_fd, dst_fd, **kwargs):
         raise OSError(5, "injected I/O error")
 
-    monkeypatch.setattr(store_module, "_kernel_copy", boom)
+    monkeypatch.setattr(local_store_module, "_kernel_copy", boom)
     with pytest.raises(CheckpointError):
         store.put_file("k", src)
     assert store.get("k") == b"old"
@@ -253,10 +255,10 @@ def test_write_file_limits(tmp_path):
 
 @pytest.mark.parametrize("size", [5000, 6 * 1024 * 1024])  # checksummed inline / on a helper thread
 def test_write_file_source_changing_leaves_no_orphan(store, tmp_path, monkeypatch, size):
-    from statekit.checkpoint import streams as streams_module
+    from statekit.checkpoint import checksum as checksum_module
 
     src, _ = _source(tmp_path, size)
-    monkeypatch.setattr(streams_module, "file_crc", lambda path: (0, size + 1))
+    monkeypatch.setattr(checksum_module, "file_crc", lambda path: (0, size + 1))
     streams = _streams(store)
     with pytest.raises(CheckpointError, match="changed"):
         streams.write_file(src, state_name="000003.sst", shared_name="000003.sst")
@@ -265,7 +267,7 @@ def test_write_file_source_changing_leaves_no_orphan(store, tmp_path, monkeypatc
 
 
 def test_write_file_crc_error_propagates(tmp_path, monkeypatch):
-    from statekit.checkpoint import streams as streams_module
+    from statekit.checkpoint import checksum as checksum_module
 
     store = MemoryBlobStore()
     src, _ = _source(tmp_path, 6 * 1024 * 1024)
@@ -273,7 +275,7 @@ def test_write_file_crc_error_propagates(tmp_path, monkeypatch):
     def broken(path):
         raise OSError(5, "injected read error")
 
-    monkeypatch.setattr(streams_module, "file_crc", broken)
+    monkeypatch.setattr(checksum_module, "file_crc", broken)
     with pytest.raises(OSError, match="injected"):
         _streams(store).write_file(src, state_name="x")
     assert store.list() == []
@@ -392,9 +394,9 @@ def test_read_parts_detects_damage_before_handing_a_part_out(store, how):
 
 
 def test_read_parts_reuses_buffers_and_stops_early(store, monkeypatch):
-    from statekit.checkpoint import streams as streams_module
+    from statekit.checkpoint import reader as reader_module
 
-    monkeypatch.setattr(streams_module, "_SPAN", 100_000)  # many reads through few buffers
+    monkeypatch.setattr(reader_module, "_SPAN", 100_000)  # many reads through few buffers
     many = [os.urandom(30_000 + i) for i in range(60)]
     handle, locations = _streams(store).write_parts(iter(many), state_name="s")
     assert [bytes(part) for part in StateReader(store).read_parts(handle, locations)] == many
@@ -427,7 +429,7 @@ def test_write_parts_failing_store_stops_the_producer(tmp_path, monkeypatch):
     def disk_full(path, fill):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store_module, "_atomic_local_commit", disk_full)
+    monkeypatch.setattr(local_store_module, "_atomic_local_commit", disk_full)
     with pytest.raises(CheckpointError, match="No space left"):
         _streams(store).write_parts(parts(), state_name="s")
     assert len(produced) < 1000  # the producer stopped early instead of packing everything

@@ -9,10 +9,9 @@ from collections import Counter
 
 import pytest
 
-from statekit.checkpoint import store as store_module
+from statekit.checkpoint.blobstore import FsspecBlobStore, set_operation_hook
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
-from statekit.checkpoint.store import FsspecBlobStore
 from statekit.errors import CheckpointNotFoundError, CheckpointStorageError
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import KeyedProcessFunction
@@ -92,13 +91,13 @@ def test_credentials_and_endpoint_from_aws_environment(s3_server, s3_url):
 
 def test_metadata_is_written_last(s3_server, s3_url):
     ops: list[tuple[str, str]] = []
-    previous = store_module.set_operation_hook(lambda op, path: ops.append((op, path)))
+    previous = set_operation_hook(lambda op, path: ops.append((op, path)))
     try:
         env = s3_env(s3_url + "/order", s3_server.endpoint_url)
         env.set_parallelism(2)
         env.from_collection(ITEMS).key_by(lambda v: v[0]).process(Count()).execute_and_collect()
     finally:
-        store_module.set_operation_hook(previous)
+        set_operation_hook(previous)
     puts = [path for op, path in ops if op == "put"]
     assert not [op for op, _ in ops if op == "rename"]  # never rename on an object store
     by_chk: dict[str, list[str]] = {}
@@ -115,12 +114,12 @@ def test_multipart_upload_is_atomic(s3_server, s3_url):
     store = FsspecBlobStore(s3_url + "/mp", opts, multipart_threshold=5 * 2**20, part_size=5 * 2**20)
     blob = bytes(range(256)) * (11 * 2**20 // 256)  # 11 MiB: 3 parts
     parts = []
-    previous = store_module.set_operation_hook(
+    previous = set_operation_hook(
         lambda op, path: parts.append(op) if op.startswith("multipart") else None)
     try:
         store.put("chk-1/big", blob)
     finally:
-        store_module.set_operation_hook(previous)
+        set_operation_hook(previous)
     assert parts.count("multipart-part") == 3 and parts[-1] == "multipart-complete"
     assert store.get("chk-1/big") == blob
     assert store.get("chk-1/big", 5 * 2**20 - 3, 6) == blob[5 * 2**20 - 3: 5 * 2**20 + 3]
@@ -131,12 +130,12 @@ def test_multipart_upload_is_atomic(s3_server, s3_url):
             if len(seen) == 3:
                 raise PermissionError("injected permanent failure")
 
-    previous = store_module.set_operation_hook(fail_on_third_part)
+    previous = set_operation_hook(fail_on_third_part)
     try:
         with pytest.raises(CheckpointStorageError):
             store.put("chk-2/big", blob)
     finally:
-        store_module.set_operation_hook(previous)
+        set_operation_hook(previous)
     assert not store.exists("chk-2/big")  # a partial upload never becomes visible
     fs = s3_server.filesystem()
     uploads = fs.call_s3("list_multipart_uploads", Bucket=s3_url[len("s3://"):]).get("Uploads", [])

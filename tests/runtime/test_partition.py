@@ -1,4 +1,5 @@
-"""Versioned partition stores: reuse only the committed lineage, restore otherwise (DESIGN rules 1, 2)."""
+"""Versioned partition stores: a version records the attempt that wrote it, and local state is
+reused only when it is the committed lineage; otherwise the partition restores."""
 
 import pytest
 

@@ -25,6 +25,8 @@ ROWS, KEYS = 2_000, 2_000
 
 
 def main(work: str, backends: list[str], stops: int, files: int, extra: dict[str, str]) -> None:
+    from pyspark.errors import StreamingQueryException
+
     from statekit.spark import local_spark, statekit_error
     from tests.spark.jobs import OUTPUT, RunningCount, write_inputs
 
@@ -56,7 +58,10 @@ def main(work: str, backends: list[str], stops: int, files: int, extra: dict[str
                            str(root / "query" / name), sink, OUTPUT, backend,
                            drain=attempt == stops)
             if attempt == stops:
-                query.awaitTermination()
+                try:
+                    query.awaitTermination()
+                except StreamingQueryException:
+                    pass  # reported below, from query.exception()
             else:  # mid-stream: once the query has run a batch, at a random moment
                 deadline = time.monotonic() + 120
                 while not query.recentProgress and time.monotonic() < deadline:

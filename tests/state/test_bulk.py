@@ -3,11 +3,11 @@
 import pytest
 
 from statekit import HashMapStateBackend, Types, ValueStateDescriptor
+from statekit.backends.bulk import BulkState
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 from statekit.errors import StateTypeError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer
-from statekit.state.bulk import BulkState
 from statekit.state.descriptors import ListStateDescriptor
 
 

@@ -1,38 +1,39 @@
-"""The state backend ABCs and the backend-neutral snapshot format they share.
+"""The state backend ABCs.
 
 A :class:`StateBackend` is a small picklable configuration (a factory); it creates one
 :class:`KeyedStateBackend` per partition, which holds the working state of the key-group range
 it owns, snapshots it in two phases and restores it, possibly from differently partitioned
-snapshots (rescaling).
+snapshots (rescaling).  The format every backend can read is in :mod:`statekit.backends.kvformat`.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from statekit.errors import (
-    CorruptCheckpointError,
-    NoKeyContextError,
-    PickleNotAllowedError,
-    SerializationError,
-    StateNameClashError,
+from statekit.backends.kvformat import (  # noqa: F401 (kept importable from here)
+    KV_FORMAT,
+    KV_FORMATS,
+    PLAIN_PART_BYTES,
+    KvStateData,
+    check_kv_handle,
+    group_entries,
+    kv_handle,
+    plain_in_range,
+    plain_parts,
+    read_kv_entry,
+    read_kv_states,
+    read_plain_entry,
+    write_kv_state,
+    write_plain_entry,
 )
+from statekit.errors import NoKeyContextError, PickleNotAllowedError, StateNameClashError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
-from statekit.serde.types import ListSerializer, MapSerializer, TypeSerializer, packb, unpackb
-from statekit.state.api import (
-    State,
-    TtlListState,
-    TtlMapState,
-    TtlPolicy,
-    TtlSerializer,
-    TtlValueState,
-    ValueBackedAggregatingState,
-    ValueBackedReducingState,
-)
+from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
+from statekit.state.api import State, ValueBackedAggregatingState, ValueBackedReducingState
 from statekit.state.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -40,22 +41,14 @@ from statekit.state.descriptors import (
     StateKind,
 )
 from statekit.state.limits import DEFAULT_MAX_SIZE, limit_state
+from statekit.state.ttl import TtlListState, TtlMapState, TtlPolicy, TtlSerializer, TtlValueState
 
 if TYPE_CHECKING:
-    from statekit.checkpoint.storage import CheckpointStorage
-    from statekit.checkpoint.streams import CheckpointStreams, StateReader
+    from statekit.checkpoint.base import CheckpointStorage
+    from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
 
 NO_KEY: Any = type("NoKey", (), {"__repr__": lambda self: "<no current key>"})()
-
-#: Format tag of the backend-neutral snapshot (heap checkpoints, every savepoint).  A state entry
-#: is *indexed* (one chunk per key group: savepoints) or *plain* (parts of entries of any key
-#: group: heap checkpoints); version 1, indexed entries only, is still read.
-KV_FORMAT = "statekit-kv/2"
-KV_FORMATS = ("statekit-kv/1", KV_FORMAT)
-#: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: large
-#: enough that the writer and reader threads hand the GIL over rarely, small enough to pace
-PLAIN_PART_BYTES = 16 * 1024 * 1024
-_FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 
 
 def wall_clock_ms() -> int:
@@ -73,20 +66,27 @@ class StateMeta:
     stored_serializer: TypeSerializer  # serializer of everything one key holds (list/dict/value)
     ttl: TtlPolicy | None = None
 
+    def snapshot_filter(self, now: int | None = None) -> Callable[[Any], Any] | None:
+        """Drops a stored value's expired TTL entries in a full snapshot (None: nothing to drop)."""
+        return None if self.ttl is None else self.ttl.snapshot_filter(self.kind, now)
+
 
 class SnapshotRun:
     """The asynchronous part of a snapshot: ``run()`` writes the data and returns the task handle.
 
-    ``sync_seconds`` is how long the synchronous part held the processing thread.
+    ``sync_seconds`` is how long the synchronous part held the processing thread.  Pass the
+    callables, or subclass and override :meth:`run` (and :meth:`cancel`).
     """
 
-    def __init__(self, run: Callable[[], dict[str, Any]], sync_seconds: float,
+    def __init__(self, run: Callable[[], dict[str, Any]] | None = None, sync_seconds: float = 0.0,
                  cancel: Callable[[], None] | None = None) -> None:
         self._run = run
         self._cancel = cancel
         self.sync_seconds = sync_seconds
 
     def run(self) -> dict[str, Any]:
+        if self._run is None:
+            raise NotImplementedError("pass run= or override SnapshotRun.run")
         return self._run()
 
     def cancel(self) -> None:
@@ -256,9 +256,6 @@ class KeyedStateBackend(ABC):
     def _create_state(self, meta: StateMeta) -> State:
         """A ValueState / ListState / MapState (by ``meta.kind``) over this backend's storage."""
 
-    def registered_state_names(self) -> list[str]:
-        return list(self._states)
-
     # --- snapshots ---------------------------------------------------------------------------------
 
     @abstractmethod
@@ -281,211 +278,3 @@ class KeyedStateBackend(ABC):
 
     def dispose(self) -> None:
         """Release resources (files, handles, threads)."""
-
-
-# --- the backend-neutral key-grouped format ------------------------------------------------------
-
-
-@dataclass
-class KvStateData:
-    """One state's entries grouped by key group: ``chunks[kg] = (key_bytes, value_bytes)`` lists."""
-
-    meta_layout: list[Any]
-    kind: str
-    chunks: dict[int, tuple[list[bytes], list[bytes]]] = field(default_factory=dict)
-
-    def add(self, key_group: int, key: bytes, value: bytes) -> None:
-        chunk = self.chunks.get(key_group)
-        if chunk is None:
-            self.chunks[key_group] = ([key], [value])
-        else:
-            chunk[0].append(key)
-            chunk[1].append(value)
-
-
-def group_entries(
-    items: Iterable[tuple[Any, Any]],
-    meta: StateMeta,
-    max_parallelism: int,
-    now: int | None = None,
-) -> KvStateData:
-    """Serialize a state's (key, stored value) pairs into per-key-group chunks.
-
-    Expired TTL entries are dropped when the state's TTL config asks for full-snapshot cleanup.
-    """
-    data = KvStateData(meta.layout, meta.kind)
-    key_ser = meta.key_serializer.serialize
-    val_ser = meta.stored_serializer.serialize
-    drop = meta.ttl.drop_expired if meta.ttl is not None and meta.ttl.cleanup_full_snapshot else None
-    if drop is not None and now is None:
-        now = meta.ttl.clock()  # type: ignore[union-attr]
-    for key, stored in items:
-        if drop is not None:
-            stored = drop(meta.kind, stored, now)
-            if stored is None:
-                continue
-        kb = key_ser(key)
-        data.add(key_group_for_bytes(kb, max_parallelism), kb, val_ser(stored))
-    return data
-
-
-def write_kv_state(streams: CheckpointStreams, name: str, data: KvStateData, *,
-                   shared_name: str | None = None) -> dict[str, Any]:
-    """Write one state's chunks as one blob with a per-key-group index of offset, length, crc.
-
-    ``shared_name`` writes the blob as a shared file that later checkpoints may reference.
-    """
-    import zlib
-
-    parts: list[bytes] = []
-    index: dict[int, list[int]] = {}
-    offset = 0
-    for kg in sorted(data.chunks):
-        chunk = packb(list(data.chunks[kg]))
-        index[kg] = [offset, len(chunk), zlib.crc32(chunk)]
-        parts.append(chunk)
-        offset += len(chunk)
-    handle = streams.write(b"".join(parts), state_name=name, shared_name=shared_name)
-    return {"layout": data.meta_layout, "kind": data.kind, "data": handle, "index": index}
-
-
-def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
-                key_plain: Callable[[Any], Any] | None = None,
-                value_plain: Callable[[Any], Any] | None = None,
-                pace: Callable[[], None] | None = None) -> Iterator[bytes]:
-    """One state's entries as parts of ``packb([keys, values])`` in plain form, produced lazily.
-
-    With identity serializers a part is one C-level msgpack call over the objects the table
-    already holds; ``key_plain`` / ``value_plain`` convert other types part by part.  ``pace``
-    runs before each part (GIL sharing with the processing thread).
-    """
-    start, count = 0, _FIRST_PART_ENTRIES
-    while start < len(keys):
-        if pace is not None:
-            pace()
-        ks = keys[start:start + count]
-        vs = values[start:start + count]
-        if key_plain is not None:
-            ks = [key_plain(k) for k in ks]
-        if value_plain is not None:
-            vs = [value_plain(v) for v in vs]
-        part = packb([ks, vs])
-        yield part
-        start += count
-        count = max(1, min(_MAX_PART_ENTRIES, count * PLAIN_PART_BYTES // max(1, len(part))))
-
-
-def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
-                      parts: Iterable[bytes], *, shared_name: str | None = None) -> dict[str, Any]:
-    """Write the parts of one plain state entry (each written while the next is produced)."""
-    handle, locations = streams.write_parts(parts, state_name=name, shared_name=shared_name)
-    return {"layout": layout, "kind": kind, "encoding": "plain", "data": handle,
-            "parts": locations}
-
-
-def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
-                     ) -> Iterator[tuple[list[Any], list[Any]]]:
-    """Yield ``(plain keys, plain values)`` per part of a plain state entry, each part verified."""
-    try:
-        locations = [[int(offset), int(length), int(crc)] for offset, length, crc in entry["parts"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"state '{name}': malformed part index") from exc
-    for n, part in enumerate(reader.read_parts(entry["data"], locations)):
-        try:
-            keys, values = unpackb(part)
-        except (SerializationError, TypeError, ValueError) as exc:
-            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed") from exc
-        if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
-            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed")
-        yield keys, values
-
-
-def plain_in_range(keys: list[Any], values: list[Any], key_group_range: KeyGroupRange,
-                   max_parallelism: int) -> tuple[list[Any], list[Any]]:
-    """The entries of a plain part whose keys fall into ``key_group_range`` (rescaling)."""
-    kept_k, kept_v = [], []
-    for key, value in zip(keys, values, strict=True):
-        if key_group_for_bytes(packb(key), max_parallelism) in key_group_range:
-            kept_k.append(key)
-            kept_v.append(value)
-    return kept_k, kept_v
-
-
-def read_kv_entry(
-    name: str, entry: dict[str, Any], reader: StateReader, key_group_range: KeyGroupRange
-) -> Iterator[tuple[int, list[Any]]]:
-    """Yield ``(key group, unpacked chunk)`` for one indexed state entry, inside the range only."""
-    try:
-        index = entry["index"]
-        wanted = [(int(kg), loc) for kg, loc in index.items() if int(kg) in key_group_range]
-    except (KeyError, AttributeError, TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"state '{name}': malformed key-group index") from exc
-    for kg, (offset, length, crc) in sorted(wanted):
-        chunk = reader.read(entry["data"], offset, length, crc)
-        try:
-            parts = unpackb(chunk)
-        except (ValueError, TypeError) as exc:
-            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk") from exc
-        if not isinstance(parts, list):
-            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
-        yield kg, parts
-
-
-def check_kv_handle(handle: dict[str, Any], max_parallelism: int) -> KeyGroupRange:
-    """The key-group range of a readable ``KV_FORMATS`` handle taken with ``max_parallelism``."""
-    if handle.get("format") not in KV_FORMATS:
-        raise CorruptCheckpointError(
-            f"expected a {KV_FORMAT} snapshot, got format {handle.get('format')!r}"
-        )
-    recorded = handle.get("max_parallelism", max_parallelism)
-    if recorded != max_parallelism:
-        raise CorruptCheckpointError(
-            f"snapshot was taken with max_parallelism {recorded}, this job uses {max_parallelism}"
-        )
-    try:
-        return KeyGroupRange.of(handle["key_group_range"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptCheckpointError("snapshot without a valid key_group_range") from exc
-
-
-def read_kv_states(
-    handles: Iterable[dict[str, Any]], reader: StateReader, key_group_range: KeyGroupRange,
-    max_parallelism: int,
-) -> Iterator[tuple[str, dict[str, Any], int, list[bytes], list[bytes]]]:
-    """Yield ``(state name, entry, key group, keys, values)``, serialized, for every entry inside
-    the range; plain entries are serialized and grouped here (restoring into a bytes backend)."""
-    for handle in handles:
-        check_kv_handle(handle, max_parallelism)
-        for name, entry in handle["states"].items():
-            if entry.get("encoding") != "plain":
-                for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
-                    try:
-                        keys, values = parts
-                    except ValueError as exc:
-                        raise CorruptCheckpointError(
-                            f"state '{name}' key group {kg}: malformed chunk"
-                        ) from exc
-                    yield name, entry, kg, keys, values
-                continue
-            for keys, values in read_plain_entry(name, entry, reader):
-                groups: dict[int, tuple[list[bytes], list[bytes]]] = {}
-                for key, value in zip(keys, values, strict=True):
-                    kb = packb(key)
-                    kg = key_group_for_bytes(kb, max_parallelism)
-                    if kg in key_group_range:
-                        group = groups.setdefault(kg, ([], []))
-                        group[0].append(kb)
-                        group[1].append(packb(value))
-                for kg, (kbs, vbs) in sorted(groups.items()):
-                    yield name, entry, kg, kbs, vbs
-
-
-def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The task handle of a ``KV_FORMAT`` snapshot."""
-    return {
-        "format": KV_FORMAT,
-        "backend": backend.backend_name,
-        "key_group_range": backend.key_group_range.to_list(),
-        "max_parallelism": backend.max_parallelism,
-        "states": states,
-    }

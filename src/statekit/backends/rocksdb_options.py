@@ -1,137 +1,19 @@
-"""RocksDB options for the embedded backend: PyFlink's ``PredefinedOptions`` and options factories.
+"""RocksDB options: kept importable from here; they live in :mod:`statekit.backends.rocksdb.options`."""
 
-A profile sets what Flink's ``PredefinedOptions.java`` documents; an options factory (a callable,
-or the dotted name of one) then adjusts the rocksdict ``Options`` on top, as Flink's
-``RocksDBOptionsFactory`` does.  The same options are used for the database and every column
-family, on every open, so a reopened database never falls back to rocksdict's defaults.
-"""
+from statekit.backends.rocksdb.options import (
+    MB,
+    OptionsFactory,
+    PredefinedOptions,
+    build_options,
+    resolve_options_factory,
+    shared_cache,
+)
 
-from __future__ import annotations
-
-import threading
-from collections.abc import Callable
-from enum import IntEnum
-from typing import Any
-
-from rocksdict import BlockBasedOptions, Cache, DBCompactionStyle, Options
-
-from statekit.errors import ConfigError
-
-MB = 1024 * 1024
-
-#: an options factory: gets the prepared ``Options``, may return a replacement (or None)
-OptionsFactory = Callable[[Options], "Options | None"]
-
-
-class PredefinedOptions(IntEnum):
-    """Pre-tuned RocksDB option profiles (same names and values as PyFlink)."""
-
-    DEFAULT = 0
-    SPINNING_DISK_OPTIMIZED = 1
-    SPINNING_DISK_OPTIMIZED_HIGH_MEM = 2
-    FLASH_SSD_OPTIMIZED = 3
-
-    @classmethod
-    def parse(cls, value: Any, key: str = "state.backend.rocksdb.predefined-options"
-              ) -> PredefinedOptions:
-        """A profile from an instance, its int value or its (case-insensitive) name."""
-        if isinstance(value, PredefinedOptions):
-            return value
-        try:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return cls(value)
-            if isinstance(value, str):
-                text = value.strip()
-                if text.lstrip("-").isdigit():
-                    return cls(int(text))
-                return cls[text.upper().replace("-", "_")]
-        except (KeyError, ValueError):
-            pass
-        raise ConfigError(key, f"unknown predefined options {value!r}; expected one of "
-                          f"{', '.join(p.name for p in cls)}")
-
-
-_caches: dict[int, Cache] = {}
-_cache_lock = threading.Lock()
-
-
-def shared_cache(capacity: int) -> Cache:
-    """One process-wide LRU block cache per capacity, so many databases do not multiply memory."""
-    with _cache_lock:
-        cache = _caches.get(capacity)
-        if cache is None:
-            cache = _caches[capacity] = Cache(capacity)
-        return cache
-
-
-def resolve_options_factory(factory: OptionsFactory | str | None,
-                            key: str = "state.backend.rocksdb.options-factory"
-                            ) -> OptionsFactory | None:
-    """The callable behind ``factory`` (importing a ``module:name`` or ``module.name`` path)."""
-    if factory is None or callable(factory):
-        return factory
-    if not isinstance(factory, str) or not factory.strip():
-        raise ConfigError(key, f"expected a callable or a dotted name, got {factory!r}")
-    from statekit.registry import _import
-
-    try:
-        target = _import(factory.strip(), key)
-    except ConfigError as exc:
-        raise ConfigError(key, str(exc)) from exc
-    if isinstance(target, type):
-        target = target()
-    if not callable(target):
-        raise ConfigError(key, f"{factory!r} is not callable")
-    return target  # type: ignore[no-any-return]
-
-
-def _common(opts: Options) -> None:
-    """Settings every profile shares: no fsync, no stats dumps, few info logs, create on open."""
-    opts.create_if_missing(True)
-    opts.create_missing_column_families(True)
-    opts.set_use_fsync(False)
-    opts.set_stats_dump_period_sec(0)
-    opts.set_keep_log_file_num(2)
-
-
-def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
-                  factory: OptionsFactory | str | None = None) -> Options:
-    """Raw-mode ``Options`` for ``predefined`` with the options factory applied on top."""
-    opts = Options(raw_mode=True)
-    _common(opts)
-    if predefined is PredefinedOptions.SPINNING_DISK_OPTIMIZED:
-        opts.set_compaction_style(DBCompactionStyle.level())
-        opts.set_level_compaction_dynamic_level_bytes(True)
-        opts.increase_parallelism(4)
-        opts.set_max_background_jobs(4)
-        opts.set_max_open_files(-1)
-    elif predefined is PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM:
-        opts.set_compaction_style(DBCompactionStyle.level())
-        opts.set_level_compaction_dynamic_level_bytes(True)
-        opts.set_target_file_size_base(256 * MB)
-        opts.set_max_bytes_for_level_base(1024 * MB)
-        opts.set_write_buffer_size(64 * MB)
-        opts.increase_parallelism(4)
-        opts.set_max_background_jobs(4)
-        opts.set_min_write_buffer_number_to_merge(3)
-        opts.set_max_write_buffer_number(4)
-        opts.set_max_open_files(-1)
-        table = BlockBasedOptions()
-        table.set_block_cache(shared_cache(256 * MB))
-        table.set_block_size(128 * 1024)
-        table.set_bloom_filter(10, False)
-        opts.set_block_based_table_factory(table)
-    elif predefined is PredefinedOptions.FLASH_SSD_OPTIMIZED:
-        opts.increase_parallelism(4)
-        opts.set_max_background_jobs(4)
-        opts.set_max_open_files(-1)
-    fn = resolve_options_factory(factory)
-    if fn is not None:
-        replaced = fn(opts)
-        if isinstance(replaced, Options):
-            opts = replaced
-        elif replaced is not None:
-            raise ConfigError("state.backend.rocksdb.options-factory",
-                              f"the options factory returned {type(replaced).__name__}, "
-                              "expected rocksdict.Options or None")
-    return opts
+__all__ = [
+    "MB",
+    "OptionsFactory",
+    "PredefinedOptions",
+    "build_options",
+    "resolve_options_factory",
+    "shared_cache",
+]

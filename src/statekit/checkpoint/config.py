@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import datetime as _dt
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
+from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.durations import Time, to_millis
 from statekit.errors import ConfigError
-from statekit.state.descriptors import Time, to_millis
-
-if TYPE_CHECKING:
-    from statekit.checkpoint.storage import CheckpointStorage
 
 
 class CheckpointingMode(IntEnum):
@@ -204,8 +202,6 @@ class CheckpointConfig:
     # --- storage -------------------------------------------------------------------------------------
 
     def set_checkpoint_storage(self, storage: CheckpointStorage) -> CheckpointConfig:
-        from statekit.checkpoint.storage import CheckpointStorage
-
         if not isinstance(storage, CheckpointStorage):
             raise ConfigError("state.checkpoint-storage",
                               f"expected a CheckpointStorage, got {type(storage).__name__}")
@@ -214,8 +210,6 @@ class CheckpointConfig:
 
     def set_checkpoint_storage_dir(self, checkpoint_path: str) -> CheckpointConfig:
         """Checkpoint to files under ``checkpoint_path`` (a path or fsspec URL)."""
-        from statekit.checkpoint.storage import FileSystemCheckpointStorage
-
         self._storage = FileSystemCheckpointStorage(checkpoint_path)
         return self
 

@@ -136,8 +136,6 @@ class TimerService:
     PROCESSING_TIME = "PROCESSING_TIME"
 
     def __init__(self, backend: KeyedStateBackend, clock: Any, watermark: Any) -> None:
-        from statekit.state.descriptors import MapStateDescriptor
-
         descriptor = MapStateDescriptor("timers", Types.LONG(), Types.STRING())
         descriptor.name = "__statekit_timers"
         self._timers = backend.get_partitioned_state(descriptor)
@@ -193,7 +191,7 @@ class VectorizedKeyedFunction(Function, ABC):
     """Processes many rows at once with bulk state access (the fast path of the Spark adapters).
 
     ``process_batch`` gets a pandas DataFrame (all rows of a micro-batch partition, or of one key
-    where the engine groups by key) and a :class:`~statekit.state.bulk.BulkState`, and returns
+    where the engine groups by key) and a :class:`~statekit.backends.bulk.BulkState`, and returns
     the output rows as a DataFrame (or None).
     """
 

@@ -140,10 +140,8 @@ class PartitionStore:
         """The keyed backend holding the newest durable version before ``batch_id``."""
         self.batch, self.attempt = batch_id, attempt
         base = max((v for v in self.access.completed() if v < batch_id), default=None)
-        # every partition commits every batch, so a resumed query's partition has a version
-        # before this batch: none means the state is gone, never "start empty" silently
-        if base is None and batch_id > 0 and (self.manifest.exists() or not self.allow_missing_state):
-            raise self.manifest.missing(batch_id, self.partition)
+        if base is None and batch_id > 0:
+            self._check_nothing_missing(batch_id)
         with _LOCAL_LOCK:
             local = _LOCAL.pop(self._slot, None)
         if local is not None and base is not None and local.version == base:
@@ -170,6 +168,17 @@ class PartitionStore:
                 raise
         self.backend, self.reused, self.restored_from = backend, False, base
         return backend
+
+    def _check_nothing_missing(self, batch_id: int) -> None:
+        """Every partition commits every batch, so a resumed query's partition has a version
+        before ``batch_id``: none means its state is gone, never "start empty" silently.  The
+        exception: the operator's first state is being written in this very batch (by this
+        partition's siblings too), as when it starts from empty state on purpose."""
+        if self.manifest.exists():
+            if int(self.manifest.load().get("first_batch", -1)) < batch_id:
+                raise self.manifest.missing(batch_id, self.partition)
+        elif not self.allow_missing_state:
+            raise self.manifest.missing(batch_id, self.partition)
 
     # --- commit / abort -----------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from statekit.state.descriptors import Time, to_millis
+from statekit.durations import Time, to_millis
 
 
 @dataclass(frozen=True)

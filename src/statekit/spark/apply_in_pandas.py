@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from statekit.backends.bulk import BulkState
 from statekit.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -50,7 +51,6 @@ from statekit.serde.types import GenericSerializer, packb, unpackb
 from statekit.spark.adapters import _spec
 from statekit.spark.changelog import ChangeRecorder
 from statekit.spark.runner import AdapterSpec, TaskInfo
-from statekit.state.bulk import BulkState
 from statekit.state.descriptors import internal_value_descriptor
 
 log = logging.getLogger("statekit.spark")
@@ -109,6 +109,7 @@ class PartitionRuntime:
         self.pending: _Pending | None = None
         self.last_materialized_batch = -1
         self.restores = 0
+        self.started_empty = 0  # keys started from empty state because their snapshot was gone
 
     # --- task lifecycle ---------------------------------------------------------------------------
 
@@ -338,8 +339,10 @@ class PartitionRuntime:
                         f"{tseq}): the snapshot holds changes of a discarded attempt")
                 if not self.spec.allow_missing_state:
                     raise self._missing(key, tseq, marker)
-                log.warning("partition %d: key %r starts from empty state (its snapshot is "
-                            "missing and allow-missing-state is set)", self.partition, key)
+                if not self.started_empty:  # once per partition and process, not per key
+                    log.warning("partition %d: keys whose snapshot is missing start from empty "
+                                "state (allow-missing-state is set), first %r", self.partition, key)
+                self.started_empty += 1
                 self.recorder.clear_all()
                 marker, entries, tseq, tatt = None, [], None, None
                 self._set_marker(key, None)

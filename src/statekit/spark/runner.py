@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekit.backends.base import StateBackend
+from statekit.backends.bulk import BulkState
 from statekit.checkpoint.storage import CheckpointStorage
 from statekit.errors import StatekitError
 from statekit.runtime.functions import (
@@ -21,7 +22,6 @@ from statekit.runtime.functions import (
 from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED, PartitionStore, new_attempt_token
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.serde.types import GenericSerializer
-from statekit.state.bulk import BulkState
 
 log = logging.getLogger("statekit.spark")
 

@@ -1,7 +1,8 @@
-"""The keyed state interfaces (PyFlink names) and the backend-independent state kinds built on them.
+"""The keyed state interfaces (PyFlink names), the functions reducing and aggregating states take,
+and those two state kinds built once, for every backend, on a value state.
 
 Backends implement :class:`ValueState`, :class:`ListState` and :class:`MapState` for the current
-key.  Reducing and aggregating state, and TTL, are layered on top here once, for every backend,
+key; reducing and aggregating state (here) and TTL (:mod:`statekit.state.ttl`) are layered on top,
 the way Flink wraps its states.
 """
 
@@ -13,7 +14,34 @@ from typing import Any
 
 from statekit.errors import StateError, StateTypeError
 from statekit.serde.types import TypeSerializer
-from statekit.state.descriptors import AggregateFunction, StateTtlConfig
+
+# --- user functions -----------------------------------------------------------------------------
+
+
+class ReduceFunction(ABC):
+    """Combines two values of the same type (for :class:`ReducingStateDescriptor`)."""
+
+    @abstractmethod
+    def reduce(self, value1: Any, value2: Any) -> Any: ...
+
+
+class AggregateFunction(ABC):
+    """Incremental aggregation with an accumulator (for :class:`AggregatingStateDescriptor`)."""
+
+    @abstractmethod
+    def create_accumulator(self) -> Any: ...
+
+    @abstractmethod
+    def add(self, value: Any, accumulator: Any) -> Any: ...
+
+    @abstractmethod
+    def get_result(self, accumulator: Any) -> Any: ...
+
+    def merge(self, acc_a: Any, acc_b: Any) -> Any:
+        raise NotImplementedError("merge is not needed by keyed state")
+
+
+# --- state interfaces ----------------------------------------------------------------------------
 
 
 class State(ABC):
@@ -169,176 +197,14 @@ class ValueBackedAggregatingState(AggregatingState):
         self._inner.clear()
 
 
-# --- TTL: values are stored as (value, last access timestamp in ms) --------------------------------
+_TTL_NAMES = ("TtlListState", "TtlMapState", "TtlPolicy", "TtlSerializer", "TtlValueState")
 
 
-class TtlSerializer(TypeSerializer):
-    """Stores ``(value, timestamp_ms)``; wraps a state's serializer when TTL is enabled."""
+def __getattr__(name: str) -> Any:
+    """The TTL layer's names, still importable from here where they were defined before
+    :mod:`statekit.state.ttl` (which builds on these interfaces) took them."""
+    if name in _TTL_NAMES:
+        from statekit.state import ttl
 
-    identity = False
-
-    def __init__(self, inner: TypeSerializer) -> None:
-        self.inner = inner
-        self.immutable = inner.immutable
-        self.uses_pickle = inner.uses_pickle
-
-    def to_plain(self, value: Any) -> Any:
-        return [self.inner.to_plain(value[0]), value[1]]
-
-    def from_plain(self, plain: Any) -> Any:
-        return (self.inner.from_plain(plain[0]), plain[1])
-
-    def copy(self, value: Any) -> Any:
-        return (self.inner.copy(value[0]), value[1])
-
-    def check(self, value: Any) -> str | None:
-        return self.inner.check(value[0])
-
-    def config(self) -> Any:
-        return ["ttl", self.inner.config()]
-
-
-class TtlPolicy:
-    """Expiry arithmetic for one TTL config and clock, shared by all TTL state kinds."""
-
-    def __init__(self, config: StateTtlConfig, clock: Callable[[], int]) -> None:
-        self.ttl = config.get_ttl_millis()
-        self.clock = clock
-        self.update_on_read = config.get_update_type() == StateTtlConfig.UpdateType.OnReadAndWrite
-        self.return_expired = (
-            config.get_state_visibility()
-            == StateTtlConfig.StateVisibility.ReturnExpiredIfNotCleanedUp
-        )
-        self.cleanup_full_snapshot = config.get_cleanup_strategies().in_full_snapshot()
-
-    def expired(self, stamped: tuple[Any, int], now: int) -> bool:
-        return stamped[1] + self.ttl <= now
-
-    def drop_expired(self, kind: str, stored: Any, now: int) -> Any:
-        """``stored`` without expired entries (None when nothing is left): snapshot-time cleanup."""
-        if kind == "value":
-            return None if self.expired(stored, now) else stored
-        if kind == "list":
-            kept = [e for e in stored if not self.expired(e, now)]
-            return kept or None
-        kept_map = {k: e for k, e in stored.items() if not self.expired(e, now)}
-        return kept_map or None
-
-
-class TtlValueState(ValueState):
-    """Value state with expiry; wraps a backend value state holding ``(value, ts)``."""
-
-    def __init__(self, inner: ValueState, policy: TtlPolicy) -> None:
-        self._inner = inner
-        self._p = policy
-
-    def value(self) -> Any:
-        stamped = self._inner.value()
-        if stamped is None:
-            return None
-        now = self._p.clock()
-        if self._p.expired(stamped, now):
-            if not self._p.return_expired:
-                self._inner.clear()
-                return None
-        elif self._p.update_on_read:
-            self._inner.update((stamped[0], now))
-        return stamped[0]
-
-    def update(self, value: Any) -> None:
-        if value is None:
-            self._inner.clear()
-        else:
-            self._inner.update((value, self._p.clock()))
-
-    def clear(self) -> None:
-        self._inner.clear()
-
-
-class TtlListState(ListState):
-    """List state with per-element expiry."""
-
-    def __init__(self, inner: ListState, policy: TtlPolicy) -> None:
-        self._inner = inner
-        self._p = policy
-
-    def get(self) -> list[Any]:
-        stored = self._inner.get()
-        if not stored:
-            return []
-        now = self._p.clock()
-        live = [e for e in stored if not self._p.expired(e, now)]
-        if len(live) != len(stored) and not self._p.return_expired:
-            self._inner.update(live)
-        elif self._p.update_on_read:
-            self._inner.update([(e[0], now) for e in (stored if self._p.return_expired else live)])
-        return [e[0] for e in (stored if self._p.return_expired else live)]
-
-    def add(self, value: Any) -> None:
-        self._inner.add((value, self._p.clock()))
-
-    def add_all(self, values: Iterable[Any]) -> None:
-        now = self._p.clock()
-        self._inner.add_all([(v, now) for v in values])
-
-    def update(self, values: Iterable[Any] | None) -> None:
-        now = self._p.clock()
-        self._inner.update(None if values is None else [(v, now) for v in values])
-
-    def clear(self) -> None:
-        self._inner.clear()
-
-
-class TtlMapState(MapState):
-    """Map state with per-entry expiry."""
-
-    def __init__(self, inner: MapState, policy: TtlPolicy) -> None:
-        self._inner = inner
-        self._p = policy
-
-    def _live(self, key: Any, stamped: Any, now: int) -> Any:
-        """The entry's value after the expiry check, or a miss marker."""
-        if stamped is None:
-            return _MISS
-        if self._p.expired(stamped, now):
-            if not self._p.return_expired:
-                self._inner.remove(key)
-                return _MISS
-        elif self._p.update_on_read:
-            self._inner.put(key, (stamped[0], now))
-        return stamped[0]
-
-    def get(self, key: Any) -> Any:
-        value = self._live(key, self._inner.get(key), self._p.clock())
-        return None if value is _MISS else value
-
-    def put(self, key: Any, value: Any) -> None:
-        self._inner.put(key, (value, self._p.clock()))
-
-    def put_all(self, dict_value: dict[Any, Any]) -> None:
-        now = self._p.clock()
-        self._inner.put_all({k: (v, now) for k, v in dict_value.items()})
-
-    def remove(self, key: Any) -> None:
-        self._inner.remove(key)
-
-    def contains(self, key: Any) -> bool:
-        return self._live(key, self._inner.get(key), self._p.clock()) is not _MISS
-
-    def items(self) -> list[tuple[Any, Any]]:
-        now = self._p.clock()
-        out = []
-        for k, stamped in list(self._inner.items()):
-            value = self._live(k, stamped, now)
-            if value is not _MISS:
-                out.append((k, value))
-        return out
-
-    def is_empty(self) -> bool:
-        return not self.items()
-
-    def clear(self) -> None:
-        self._inner.clear()
-
-
-_MISS = object()
+        return getattr(ttl, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,60 +1,21 @@
-"""Bulk state access for vectorized functions: many keys of one state in one call.
+"""Deprecated location of :class:`BulkState`, which now lives in :mod:`statekit.backends.bulk`.
 
-Backends may provide ``bulk_get(descriptor, keys)`` / ``bulk_put(descriptor, keys, values)`` fast
-paths (one multi-get / one write batch); otherwise, and whenever TTL or a state interceptor
-(change recording) is involved, each key is visited through the regular state API.
+Bulk access drives a keyed backend, so it belongs to the backends layer.  Importing this module
+loads nothing from above the state layer; the name is looked up by its path, with a
+:class:`DeprecationWarning`, only when old code asks for it (as the plugin registry loads
+classes by path).
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
+import importlib
+import warnings
 from typing import Any
 
-from statekit.backends.base import KeyedStateBackend
-from statekit.state.descriptors import StateDescriptor, StateKind
+_MOVED = {"BulkState": "statekit.backends.bulk"}
 
 
-class BulkState:
-    """Reads and writes value states for many keys at once."""
-
-    def __init__(self, backend: KeyedStateBackend) -> None:
-        self.backend = backend
-
-    def _check(self, descriptor: StateDescriptor) -> None:
-        if descriptor.kind != StateKind.VALUE:
-            raise TypeError(f"bulk access covers value states, not {descriptor.kind.value} states")
-
-    def _fast(self, name: str, descriptor: StateDescriptor) -> Any:
-        if descriptor.ttl_config is not None or self.backend.state_interceptor is not None:
-            return None
-        return getattr(self.backend, name, None)
-
-    def get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
-        """The current value of ``descriptor`` for each key (None where unset)."""
-        self._check(descriptor)
-        fast = self._fast("bulk_get", descriptor)
-        if fast is not None:
-            return list(fast(descriptor, keys))
-        read = self.backend.get_partitioned_state(descriptor).value  # type: ignore[attr-defined]
-        out = []
-        set_key = self.backend.set_current_key
-        for key in keys:
-            set_key(key)
-            out.append(read())
-        return out
-
-    def put(self, descriptor: StateDescriptor, keys: Sequence[Any], values: Sequence[Any]) -> None:
-        """Set ``descriptor`` for each key (a value of None clears it)."""
-        self._check(descriptor)
-        if len(keys) != len(values):
-            raise ValueError("keys and values differ in length")
-        fast = self._fast("bulk_put", descriptor)
-        if fast is not None:
-            fast(descriptor, keys, values)
-            return
-        state = self.backend.get_partitioned_state(descriptor)
-        set_key = self.backend.set_current_key
-        update = state.update  # type: ignore[attr-defined]
-        for key, value in zip(keys, values, strict=True):
-            set_key(key)
-            update(value)
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(f"statekit.state.bulk is deprecated; import {name} from {_MOVED[name]}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

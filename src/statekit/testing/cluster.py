@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, StateBackend
-from statekit.checkpoint.storage import CheckpointStorage
+from statekit.checkpoint.base import CheckpointStorage
 from statekit.serde.keygroups import (
     DEFAULT_MAX_PARALLELISM,
     KeyGroupRange,

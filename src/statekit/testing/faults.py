@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 
-from statekit.checkpoint import store as _store
-from statekit.checkpoint.retry import TransientStorageError
+from statekit.checkpoint.blobstore import set_operation_hook
+from statekit.checkpoint.blobstore.retry import TransientStorageError
 
 #: operations a :class:`Fault` can target ("*" matches all of them)
 OPERATIONS = ("pipe_file", "cat_file", "open", "rm_file", "find", "exists", "info", "ls")
@@ -211,7 +211,7 @@ fsspec.register_implementation("faulty", FaultyFileSystem, clobber=True)
 
 
 class KillSwitch:
-    """An operation hook for :func:`statekit.checkpoint.store.set_operation_hook` that counts
+    """An operation hook for :func:`statekit.checkpoint.blobstore.set_operation_hook` that counts
     blob-store file operations and SIGKILLs the process just before operation ``kill_at``
     (1-based; 0 never kills).  ``log`` records the operations seen."""
 
@@ -229,7 +229,7 @@ class KillSwitch:
                 _kill()
 
     def install(self) -> KillSwitch:
-        _store.set_operation_hook(self)
+        set_operation_hook(self)
         return self
 
 

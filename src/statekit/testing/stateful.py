@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from statekit.backends.base import StateBackend
-from statekit.checkpoint.storage import CheckpointStorage
+from statekit.checkpoint.base import CheckpointStorage
 from statekit.serde.types import Types
 from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statekit.testing.cluster import KeyedCluster

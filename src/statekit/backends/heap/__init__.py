@@ -1,0 +1,30 @@
+"""The heap backend: working state as Python objects in dicts (Flink's ``HashMapStateBackend``).
+
+Snapshots are copy-on-write: the synchronous part copies each table's dict (references only);
+serialization and upload run on the transfer threads in paced slices so the processing thread
+keeps most of the GIL.  ``tables`` holds the states, ``snapshot`` the snapshot strategy,
+``backend`` the keyed backend and ``factory`` the :class:`HashMapStateBackend` configuration.
+"""
+
+from statekit.backends.heap.backend import HeapKeyedStateBackend
+from statekit.backends.heap.factory import HashMapStateBackend
+from statekit.backends.heap.snapshot import (
+    DEFAULT_SNAPSHOT_MODE,
+    HEAP_CHANGELOG_FORMAT,
+    SNAPSHOT_MODES,
+    HeapSnapshotStrategy,
+)
+from statekit.backends.heap.tables import HeapListState, HeapMapState, HeapTable, HeapValueState
+
+__all__ = [
+    "DEFAULT_SNAPSHOT_MODE",
+    "HEAP_CHANGELOG_FORMAT",
+    "SNAPSHOT_MODES",
+    "HashMapStateBackend",
+    "HeapKeyedStateBackend",
+    "HeapListState",
+    "HeapMapState",
+    "HeapSnapshotStrategy",
+    "HeapTable",
+    "HeapValueState",
+]

@@ -1,0 +1,273 @@
+"""The heap keyed backend: one partition's working state as Python objects (Flink's heap backend).
+
+Incremental mode tracks the keys written since the last confirmed checkpoint and writes only a
+changelog of them (puts with full values, removes), grouped by key group, as a shared file; every
+``materialization_interval`` checkpoints (or when the log grows past ``max_log_ratio`` of the
+base) it writes a full base instead, so recovery replays a bounded log.  Restored entries stay in
+plain form until their state is registered (its serializer is known then).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from statekit.backends.base import KeyedStateBackend, SnapshotRun, StateMeta
+from statekit.backends.heap.snapshot import (
+    HEAP_CHANGELOG_FORMAT,
+    RUNS,
+    HeapSnapshotStrategy,
+    check_snapshot_mode,
+)
+from statekit.backends.heap.tables import (
+    HeapListState,
+    HeapMapState,
+    HeapTable,
+    HeapValueState,
+    Restored,
+)
+from statekit.backends.kvformat import (
+    KV_FORMAT,
+    check_kv_handle,
+    plain_in_range,
+    read_kv_entry,
+    read_plain_entry,
+)
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
+from statekit.errors import CorruptCheckpointError, StateError
+from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.msgpack import unpackb
+from statekit.serde.serializers import TypeSerializer
+from statekit.state.api import State, check_value
+from statekit.state.descriptors import StateDescriptor
+
+# incremental attempts neither confirmed nor aborted that are tracked; older ones are folded back
+# into the dirty sets (and can no longer become a base) so a caller that never notifies leaks nothing
+_MAX_UNCONFIRMED = 16
+
+
+class HeapKeyedStateBackend(KeyedStateBackend):
+    """Working state of one partition as Python objects.
+
+    ``incremental``: checkpoints write changelogs over the last confirmed base;
+    ``materialization_interval`` / ``max_log_ratio``: when to write a new base;
+    ``pace_ratio``: how long the transfer thread sleeps per unit of work (GIL share, thread mode);
+    ``snapshot_mode``: ``thread`` (copy-on-write view) or ``fork`` (a child process serializes).
+    """
+
+    backend_name = "hashmap"
+
+    def __init__(self, key_serializer: TypeSerializer, key_group_range: KeyGroupRange,
+                 max_parallelism: int, clock: Callable[[], int] | None = None,
+                 using_asynchronous_snapshots: bool = True, *, incremental: bool = False,
+                 materialization_interval: int = 10, max_log_ratio: float = 0.5,
+                 pace_ratio: float = 1.0, snapshot_mode: str = "thread") -> None:
+        super().__init__(key_serializer, key_group_range, max_parallelism, clock,
+                         using_asynchronous_snapshots)
+        self.tables: dict[str, HeapTable] = {}
+        # restored, still serialized chunks of states not registered yet
+        self._restored: dict[str, Restored] = {}
+        self.incremental = incremental
+        self.materialization_interval = materialization_interval
+        self.max_log_ratio = max_log_ratio
+        self.pace_ratio = pace_ratio
+        self.snapshot_mode = check_snapshot_mode(snapshot_mode)
+        # the handle of the last confirmed (complete) incremental checkpoint: a valid base
+        self._confirmed: dict[str, Any] | None = None
+        # in-flight incremental attempts: dirty keys each captured, and its handle once written
+        self._attempts: dict[int, dict[str, Any]] = {}
+
+    def _create_state(self, meta: StateMeta) -> State:
+        table = HeapTable(meta, track_dirty=self.incremental)
+        self.tables[meta.name] = table
+        stored = meta.stored_serializer
+        restored = self._restored.pop(meta.name, None)
+        if restored is not None:
+            if stored.identity and not restored.shared:  # the restored dict becomes the table
+                table.data = restored.data
+            else:  # converted, and private copies while a snapshot still writes the originals
+                from_plain, copy = stored.from_plain, stored.copy
+                table.data = {key: copy(from_plain(plain)) if restored.shared else from_plain(plain)
+                              for key, plain in restored.data.items()}
+        if meta.kind == "value":
+            return HeapValueState(self, table, stored)
+        if meta.kind == "list":
+            return HeapListState(self, table, stored.element)  # type: ignore[attr-defined]
+        return HeapMapState(self, table, stored.value, stored.key)  # type: ignore[attr-defined]
+
+    # --- snapshots ---------------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, *,
+                 savepoint: bool = False) -> SnapshotRun:
+        """Capture now (a dict copy per table with copy-on-write, or a fork), write later.
+
+        Full snapshots and savepoints are ``KV_FORMAT``; incremental checkpoints are
+        ``HEAP_CHANGELOG_FORMAT`` handles referencing a shared base and shared changelogs.
+        """
+        start = time.perf_counter()
+        mode = self.snapshot_mode if self.asynchronous else "sync"
+        strategy = HeapSnapshotStrategy(self, checkpoint_id, streams, savepoint)
+        strategy.capture(copy_on_write=mode == "thread")
+        run = RUNS[mode](strategy)  # whatever the mode does synchronously happens here
+        run.sync_seconds = time.perf_counter() - start
+        return run
+
+    def _must_materialize(self) -> bool:
+        base = self._confirmed
+        if base is None:
+            return True
+        if len(base["logs"]) >= self.materialization_interval:
+            return True
+        return base["log_bytes"] > self.max_log_ratio * max(1, base["base_bytes"])
+
+    def _begin_attempt(self, checkpoint_id: int, tables: list[HeapTable]
+                       ) -> tuple[bool, dict[str, set[Any]]]:
+        """Track an incremental attempt: whether it writes a new base, and otherwise the keys
+        changed since the confirmed base (in-flight attempts' changes included)."""
+        materialize = self._must_materialize()
+        own = {t.meta.name: t.take_dirty() for t in tables}
+        changed: dict[str, set[Any]] = {}
+        if not materialize:
+            for table in tables:
+                keys = set(own[table.meta.name])
+                for attempt in self._attempts.values():
+                    keys |= attempt["dirty"].get(table.meta.name, set())
+                changed[table.meta.name] = keys
+        self._attempts[checkpoint_id] = {"dirty": own, "handle": None}
+        while len(self._attempts) > _MAX_UNCONFIRMED:  # never notified: stop tracking it
+            self._fold_back(self._attempts.pop(min(self._attempts)))
+        return materialize, changed
+
+    def _record_handle(self, checkpoint_id: int, handle: dict[str, Any]) -> None:
+        attempt = self._attempts.get(checkpoint_id)
+        if attempt is not None:
+            attempt["handle"] = handle
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """The checkpoint is durable: its handle becomes the base of later incremental ones."""
+        attempt = self._attempts.get(checkpoint_id)
+        if attempt is None or attempt["handle"] is None:
+            return
+        self._confirmed = attempt["handle"]
+        for cid in [c for c in self._attempts if c <= checkpoint_id]:
+            del self._attempts[cid]  # their changes are part of the confirmed checkpoint
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """The attempt will never complete: fold its dirty keys back so no change is lost."""
+        attempt = self._attempts.pop(checkpoint_id, None)
+        if attempt is not None:
+            self._fold_back(attempt)
+
+    def _fold_back(self, attempt: dict[str, Any]) -> None:
+        for name, keys in attempt["dirty"].items():
+            table = self.tables.get(name)
+            if table is not None and table.dirty is not None:
+                table.dirty |= keys
+
+    # --- restore -----------------------------------------------------------------------------------
+
+    def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
+        """Load this range's entries of full (``KV_FORMATS``) and incremental handles; the values
+        stay in plain form until their state is registered (its serializer is known then)."""
+        mine = self.key_group_range
+        for handle in handles:
+            incremental = handle.get("format") == HEAP_CHANGELOG_FORMAT
+            if incremental:
+                handle = {**handle, "format": KV_FORMAT}  # the same range and parallelism checks
+            theirs = check_kv_handle(handle, self.max_parallelism)
+            if not len(theirs.intersection(mine)):
+                continue
+            whole = mine.start <= theirs.start and theirs.end <= mine.end
+            if not incremental:
+                for name, entry in handle["states"].items():
+                    self._load_entry(name, entry, reader, whole)
+                continue
+            for name, entry in handle.get("base", {}).items():
+                self._load_entry(name, entry, reader, whole)
+            for log in handle.get("logs", []):  # replayed in order over the base
+                for name, entry in log.items():
+                    self._replay_log(name, entry, reader)
+
+    def _restored_data(self, name: str, entry: dict[str, Any]) -> dict[Any, Any]:
+        """The restored (key -> plain value) dict of state ``name``, created on first use."""
+        if name in self.tables:
+            raise StateError("restore must happen before the state is registered", name)
+        self._restored_layouts[name] = entry["layout"]
+        restored = self._restored.get(name)
+        if restored is None:
+            restored = self._restored[name] = Restored(entry["layout"], entry["kind"])
+        return restored.data
+
+    def _load_entry(self, name: str, entry: dict[str, Any], reader: StateReader,
+                    whole: bool) -> None:
+        """Add one state entry's in-range entries; ``whole``: the writer's range is inside ours."""
+        data = self._restored_data(name, entry)
+        key_ser, rng = self.key_serializer, self.key_group_range
+        if entry.get("encoding") == "plain":
+            key_from = None if key_ser.identity else key_ser.from_plain
+            for keys, values in read_plain_entry(name, entry, reader):
+                if not whole:
+                    keys, values = plain_in_range(keys, values, rng, self.max_parallelism)
+                data.update(zip(keys if key_from is None else map(key_from, keys), values,
+                                strict=True))
+            return
+        for kg, parts in read_kv_entry(name, entry, reader, rng):
+            if len(parts) != 2:
+                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+            data.update(zip(map(key_ser.deserialize, parts[0]), map(unpackb, parts[1]),
+                            strict=True))
+
+    def _replay_log(self, name: str, entry: dict[str, Any], reader: StateReader) -> None:
+        """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
+        data = self._restored_data(name, entry)
+        key_de = self.key_serializer.deserialize
+        for kg, parts in read_kv_entry(name, entry, reader, self.key_group_range):
+            if len(parts) != 3:
+                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
+            puts_k, puts_v, removes = parts
+            data.update(zip(map(key_de, puts_k), map(unpackb, puts_v), strict=True))
+            for kb in removes:
+                data.pop(key_de(kb), None)
+
+    # --- bulk access -------------------------------------------------------------------------------
+
+    def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
+        """Values of a (TTL-less) value state for many keys: one dict lookup each, no key switch."""
+        self.get_partitioned_state(descriptor)
+        table = self.tables[descriptor.name]
+        if table.cow and not table.meta.stored_serializer.immutable:
+            state = self._states[descriptor.name][1]
+            out = []
+            for key in keys:  # hand out private copies while a snapshot shares the values
+                self.current_key = key
+                out.append(state.value())  # type: ignore[attr-defined]
+            return out
+        get = table.data.get
+        if table.dirty is not None and not table.meta.stored_serializer.immutable:
+            table.dirty.update(keys)  # mutable values handed out may be changed in place
+        return [get(key) for key in keys]
+
+    def bulk_put(self, descriptor: StateDescriptor, keys: Sequence[Any],
+                 values: Sequence[Any]) -> None:
+        """Set a (TTL-less) value state for many keys; None clears a key."""
+        self.get_partitioned_state(descriptor)
+        table = self.tables[descriptor.name]
+        serializer = table.meta.stored_serializer
+        data = table.data
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                data.pop(key, None)
+            else:
+                check_value(serializer, value, descriptor.name)
+                data[key] = value
+        if table.dirty is not None:
+            table.dirty.update(keys)
+
+    def dispose(self) -> None:
+        self.tables.clear()
+        self._restored.clear()
+        self._states.clear()
+        self._attempts.clear()
+        self._confirmed = None

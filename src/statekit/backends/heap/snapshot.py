@@ -1,0 +1,382 @@
+"""Heap snapshots: a strategy object per snapshot and one small run class per run mode.
+
+:class:`HeapSnapshotStrategy` splits a snapshot as Flink's snapshot strategies do:
+:meth:`~HeapSnapshotStrategy.capture` is the synchronous part (a dict copy per table, switching it
+to copy-on-write, plus the incremental bookkeeping), :meth:`~HeapSnapshotStrategy.produce`
+serializes what the snapshot writes, and :meth:`~HeapSnapshotStrategy.finish` uploads it and
+builds the task handle.  The run mode decides where ``produce`` happens: on the processing thread
+(synchronous snapshots), on a transfer thread in paced slices so the processing thread keeps most
+of the GIL (``thread``), or in a forked child serializing its frozen copy of memory (``fork``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from statekit.backends.base import SnapshotRun, StateMeta
+from statekit.backends.kvformat import (
+    PACE_SLICE,
+    KvStateData,
+    group_entries,
+    handle_header,
+    indexed_blob,
+    kv_handle,
+    plain_parts,
+    write_plain_entry,
+)
+from statekit.checkpoint.blobstore.base import write_all
+from statekit.checkpoint.streams import CheckpointStreams
+from statekit.errors import CheckpointError, ConfigError
+from statekit.serde.keygroups import key_group_for_bytes
+from statekit.serde.msgpack import packb, unpackb
+
+if TYPE_CHECKING:
+    from statekit.backends.heap.backend import HeapKeyedStateBackend
+    from statekit.backends.heap.tables import HeapTable
+
+#: Format tag of incremental heap checkpoints: a base plus ordered changelogs, both key-grouped.
+HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
+
+SNAPSHOT_MODES = ("thread", "fork")
+DEFAULT_SNAPSHOT_MODE = "thread"
+
+
+def check_snapshot_mode(mode: str, key: str = "state.backend.heap.snapshot-mode") -> str:
+    """``thread`` (copy-on-write view written by a transfer thread) or ``fork`` (a child process
+    serializes its frozen copy of memory); ``fork`` falls back to ``thread`` where unavailable."""
+    mode = str(mode).strip().lower()
+    if mode not in SNAPSHOT_MODES:
+        raise ConfigError(key, f"expected one of {', '.join(SNAPSHOT_MODES)}, got {mode!r}")
+    if mode == "fork" and not hasattr(os, "fork"):
+        return "thread"
+    return mode
+
+
+class _Pacer:
+    """Keeps a background writer from starving a busy processing thread of the GIL.
+
+    After every slice of work the writer sleeps ``ratio`` times as long as the slice took (it
+    then holds the GIL for at most ``1 / (1 + ratio)`` of wall time), but only while the
+    processing thread works: when the backend's current key has not changed since the last slice
+    (between micro-batches, or when the job waits for input) the writer runs at full speed.
+    """
+
+    __slots__ = ("_current", "_key", "_mark", "ratio")
+
+    def __init__(self, ratio: float, current_key: Callable[[], Any]) -> None:
+        self.ratio = ratio
+        self._current = current_key
+        self._key = current_key()
+        self._mark = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        key = self._current()
+        if key is not self._key:
+            self._key = key
+            time.sleep((now - self._mark) * self.ratio)
+        self._mark = time.perf_counter()
+
+
+# --- what a snapshot writes per state ----------------------------------------------------------------
+
+
+def _plain_entries(view: dict[Any, Any], meta: StateMeta) -> tuple[list[Any], list[Any]]:
+    """A frozen view's keys and stored values, without entries TTL full-snapshot cleanup drops."""
+    drop = meta.snapshot_filter()
+    if drop is None:
+        return list(view), list(view.values())
+    keys, values = [], []
+    for key, stored in view.items():
+        stored = drop(stored)
+        if stored is not None:
+            keys.append(key)
+            values.append(stored)
+    return keys, values
+
+
+def _table_parts(view: dict[Any, Any], meta: StateMeta, pace: Callable[[], None] | None
+                 ) -> Iterator[bytes]:
+    """A registered state's plain parts (lazy: the view is read when writing starts)."""
+    keys, values = _plain_entries(view, meta)
+    key_ser, stored = meta.key_serializer, meta.stored_serializer
+    yield from plain_parts(keys, values, pace=pace,
+                           key_plain=None if key_ser.identity else key_ser.to_plain,
+                           value_plain=None if stored.identity else stored.to_plain)
+
+
+def _changelog_blob(meta: StateMeta, view: dict[Any, Any], keys: Iterable[Any], max_parallelism: int,
+                    pace: Callable[[], None] | None) -> tuple[dict[int, list[int]], bytes] | None:
+    """One state's changes, key-grouped and indexed: per key group ``[puts' keys, puts' values,
+    removed keys]``.  None when nothing changed."""
+    key_ser = meta.key_serializer.serialize
+    val_ser = meta.stored_serializer.serialize
+    drop = meta.snapshot_filter()
+    chunks: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {}
+    for n, key in enumerate(keys, 1):
+        if pace is not None and n % PACE_SLICE == 0:
+            pace()
+        kb = key_ser(key)
+        kg = key_group_for_bytes(kb, max_parallelism)
+        chunk = chunks.get(kg)
+        if chunk is None:
+            chunk = chunks[kg] = ([], [], [])
+        stored = view.get(key)
+        if stored is not None and drop is not None:
+            stored = drop(stored)
+        if stored is None:
+            chunk[2].append(kb)
+        else:
+            chunk[0].append(kb)
+            chunk[1].append(val_ser(stored))
+    if not chunks:
+        return None
+    return indexed_blob(chunks)
+
+
+def _entry_size(entry: dict[str, Any]) -> int:
+    return int(entry["data"].get("size", 0))
+
+
+# one state as written by a snapshot: (name, kind, layout, encoding, payload), the payload being
+# ``(index, blob)`` for an indexed entry and an iterable of packed parts for a plain one
+_Part = tuple[str, str, list[Any], str, Any]
+
+
+class HeapSnapshotStrategy:
+    """One snapshot of a heap backend: savepoints as key-grouped (indexed) entries, checkpoints
+    and incremental bases as plain parts (packed lazily, while writing), otherwise changelogs."""
+
+    def __init__(self, backend: HeapKeyedStateBackend, checkpoint_id: int,
+                 streams: CheckpointStreams, savepoint: bool) -> None:
+        self.backend = backend
+        self.checkpoint_id = checkpoint_id
+        self.streams = streams
+        self.savepoint = savepoint
+        self.incremental = backend.incremental and not savepoint
+        self.materialize = True
+        self.views: list[tuple[HeapTable, dict[Any, Any]]] = []
+        self.restored: dict[str, Any] = {}
+        self.changed: dict[str, set[Any]] = {}
+        self.base: dict[str, Any] | None = None
+
+    def capture(self, copy_on_write: bool) -> None:
+        """The synchronous part: a frozen view per table (a dict copy that switches the table to
+        copy-on-write, or the live dict when nothing runs concurrently or a fork freezes it)."""
+        backend = self.backend
+        tables = list(backend.tables.values())
+        self.views = [(t, t.capture() if copy_on_write else t.data) for t in tables]
+        self.restored = dict(backend._restored)
+        self.base = backend._confirmed
+        if self.incremental:
+            self.materialize, self.changed = backend._begin_attempt(self.checkpoint_id, tables)
+
+    def produce(self, pace: Callable[[], None] | None) -> list[_Part]:
+        """What this snapshot writes, one ``_Part`` per state (registered or only restored)."""
+        out: list[_Part] = []
+        maxp = self.backend.max_parallelism
+        for table, view in self.views:
+            meta = table.meta
+            if self.savepoint:
+                payload = indexed_blob(group_entries(view.items(), meta, maxp, pace=pace).chunks)
+                out.append((meta.name, meta.kind, meta.layout, "index", payload))
+            elif self.materialize:
+                out.append((meta.name, meta.kind, meta.layout, "plain",
+                            _table_parts(view, meta, pace)))
+            else:
+                log = _changelog_blob(meta, view, self.changed[meta.name], maxp, pace)
+                if log is not None:
+                    out.append((meta.name, meta.kind, meta.layout, "index", log))
+        if self.materialize:
+            out.extend(self._carried_over(pace))
+        return out
+
+    def _carried_over(self, pace: Callable[[], None] | None) -> Iterator[_Part]:
+        """Restored states nobody registered yet, written unchanged (still in plain form)."""
+        key_ser, maxp = self.backend.key_serializer, self.backend.max_parallelism
+        for name, data in self.restored.items():
+            keys = list(data.data)
+            if self.savepoint:
+                groups = KvStateData(data.layout, data.kind)
+                for key, plain in zip(keys, data.data.values(), strict=True):
+                    kb = key_ser.serialize(key)
+                    groups.add(key_group_for_bytes(kb, maxp), kb, packb(plain))
+                yield (name, data.kind, data.layout, "index", indexed_blob(groups.chunks))
+            else:
+                parts = plain_parts(keys, list(data.data.values()), pace=pace,
+                                    key_plain=None if key_ser.identity else key_ser.to_plain)
+                yield (name, data.kind, data.layout, "plain", parts)
+
+    def finish(self, parts: list[_Part]) -> dict[str, Any]:
+        """Upload the serialized parts and build the task handle."""
+        streams, backend = self.streams, self.backend
+        suffix = "-base" if self.materialize else "-log"
+        entries = {}
+        for name, kind, layout, encoding, payload in parts:
+            shared = name + suffix if self.incremental else None
+            if encoding == "plain":
+                entries[name] = write_plain_entry(streams, name, layout, kind, payload,
+                                                  shared_name=shared)
+            else:
+                index, blob = payload
+                entries[name] = {"layout": layout, "kind": kind, "index": index,
+                                 "data": streams.write(blob, state_name=name, shared_name=shared)}
+        if not self.incremental:
+            return dict(kv_handle(backend, entries))
+        if self.materialize:
+            states, logs = entries, []
+            base_bytes, log_bytes = sum(_entry_size(e) for e in entries.values()), 0
+        else:
+            base = self.base
+            assert base is not None
+            states = base["base"]
+            logs = [*base["logs"], entries] if entries else list(base["logs"])
+            base_bytes = base["base_bytes"]
+            log_bytes = base["log_bytes"] + sum(_entry_size(e) for e in entries.values())
+        handle = {
+            **handle_header(backend, HEAP_CHANGELOG_FORMAT),
+            "incremental": not self.materialize,
+            "base": states,
+            "logs": logs,
+            "base_bytes": base_bytes,
+            "log_bytes": log_bytes,
+        }
+        backend._record_handle(self.checkpoint_id, handle)
+        return handle
+
+
+# --- one run class per run mode --------------------------------------------------------------------
+
+
+class SyncSnapshotRun(SnapshotRun):
+    """Synchronous snapshots: everything happens on the processing thread, at construction."""
+
+    def __init__(self, strategy: HeapSnapshotStrategy) -> None:
+        super().__init__()
+        self._handle = strategy.finish(strategy.produce(None))
+
+    def run(self) -> dict[str, Any]:
+        return self._handle
+
+
+class ThreadSnapshotRun(SnapshotRun):
+    """A transfer thread serializes the copy-on-write views, pacing itself; the views (and the
+    restored states it carries over) are released when it ends or the checkpoint is aborted."""
+
+    def __init__(self, strategy: HeapSnapshotStrategy) -> None:
+        super().__init__()
+        self._strategy = strategy
+        self._released = False
+        for data in strategy.restored.values():
+            data.shared += 1
+
+    def run(self) -> dict[str, Any]:
+        strategy = self._strategy
+        backend = strategy.backend
+        try:
+            pace = (_Pacer(backend.pace_ratio, lambda: backend.current_key)
+                    if backend.pace_ratio > 0 else None)
+            return strategy.finish(strategy.produce(pace))
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        if not self._released:
+            self._released = True
+            for table, _ in self._strategy.views:
+                table.release()
+            for data in self._strategy.restored.values():
+                data.shared -= 1
+
+
+class ForkSnapshotRun(SnapshotRun):
+    """A forked child serializes its frozen copy of memory (the fork is the synchronous part);
+    the transfer thread collects the result and uploads it."""
+
+    def __init__(self, strategy: HeapSnapshotStrategy) -> None:
+        super().__init__()
+        self._strategy = strategy
+        self._pid, self._fd = _fork_serialize(lambda: strategy.produce(None))
+        self._open = True
+
+    def run(self) -> dict[str, Any]:
+        self._open = False
+        return self._strategy.finish(_fork_collect(self._pid, self._fd))
+
+    def cancel(self) -> None:
+        if self._open:
+            self._open = False
+            _fork_kill(self._pid, self._fd)
+
+
+def _fork_serialize(produce: Callable[[], list[_Part]]) -> tuple[int, int]:
+    """Fork a child that runs ``produce`` on its frozen copy of memory and streams the result
+    into a pipe; returns ``(pid, read fd)``.  The parent never holds the GIL for serialization."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            os.close(read_fd)
+            rows = []
+            for name, kind, layout, encoding, payload in produce():
+                if encoding == "plain":
+                    rows.append([name, kind, layout, encoding, list(payload)])
+                else:
+                    index, blob = payload
+                    rows.append([name, kind, layout, encoding,
+                                 [[[kg, *loc] for kg, loc in index.items()], blob]])
+            write_all(write_fd, packb(rows))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _fork_collect(pid: int, read_fd: int) -> list[_Part]:
+    """Read the child's serialized states and reap it."""
+    chunks = []
+    try:
+        while True:
+            data = os.read(read_fd, 1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(read_fd)
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise CheckpointError(f"the snapshot child process failed (wait status {status})")
+    parts: list[_Part] = []
+    for name, kind, layout, encoding, payload in unpackb(b"".join(chunks)):
+        if encoding != "plain":
+            rows, blob = payload
+            payload = ({int(row[0]): list(row[1:]) for row in rows}, blob)
+        parts.append((name, kind, layout, encoding, payload))
+    return parts
+
+
+def _fork_kill(pid: int, read_fd: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.close(read_fd)
+    except OSError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+#: the run class of each mode; ``sync`` when the backend's snapshots are synchronous
+RUNS: dict[str, type[SyncSnapshotRun | ThreadSnapshotRun | ForkSnapshotRun]] = {
+    "sync": SyncSnapshotRun, "thread": ThreadSnapshotRun, "fork": ForkSnapshotRun,
+}

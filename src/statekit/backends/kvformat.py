@@ -1,0 +1,286 @@
+"""The backend-neutral snapshot format ``statekit-kv/2``: what every backend can write and read.
+
+A task handle holds one entry per state.  An entry is *indexed* (one chunk per key group with an
+``index`` of ``kg -> [offset, length, crc]``, so a restore reads only the key groups it owns:
+savepoints, heap changelogs) or *plain* (parts of ``packb([plain keys, plain values])`` in any
+key-group order with ``[offset, length, crc]`` per part: heap checkpoints).  Version 1, indexed
+entries only, is still read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from statekit.checkpoint.checksum import part_locations
+from statekit.errors import CorruptCheckpointError, SerializationError
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
+from statekit.serde.msgpack import packb, unpackb
+
+if TYPE_CHECKING:
+    from statekit.backends.base import KeyedStateBackend, StateMeta
+    from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
+
+KV_FORMAT = "statekit-kv/2"
+KV_FORMATS = ("statekit-kv/1", KV_FORMAT)
+#: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: large
+#: enough that the writer and reader threads hand the GIL over rarely, small enough to pace
+PLAIN_PART_BYTES = 16 * 1024 * 1024
+_FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
+#: entries serialized between two pacing pauses
+PACE_SLICE = 2048
+
+
+class HandleHeader(TypedDict):
+    """What every task handle starts with, whatever its format: who wrote which key groups."""
+
+    format: str
+    backend: str
+    key_group_range: list[int]
+    max_parallelism: int
+
+
+class KvHandle(HandleHeader):
+    """A ``statekit-kv`` task handle: the header plus one entry per state name."""
+
+    states: dict[str, dict[str, Any]]
+
+
+class IndexedEntry(TypedDict):
+    """One state as key-group chunks: ``index[kg] = [offset, length, crc]`` into ``data``."""
+
+    layout: list[Any]
+    kind: str
+    data: dict[str, Any]
+    index: dict[int, list[int]]
+
+
+class PlainEntry(TypedDict):
+    """One state as plain parts: ``parts[n] = [offset, length, crc]`` into ``data``."""
+
+    layout: list[Any]
+    kind: str
+    encoding: str  # "plain"
+    data: dict[str, Any]
+    parts: list[list[int]]
+
+
+def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
+    """The common header of a task handle of ``backend`` in format ``fmt``."""
+    return {
+        "format": fmt,
+        "backend": backend.backend_name,
+        "key_group_range": backend.key_group_range.to_list(),
+        "max_parallelism": backend.max_parallelism,
+    }
+
+
+def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:
+    """The task handle of a ``KV_FORMAT`` snapshot."""
+    return {**handle_header(backend, KV_FORMAT), "states": states}  # type: ignore[typeddict-item]
+
+
+# --- indexed entries -------------------------------------------------------------------------------
+
+
+@dataclass
+class KvStateData:
+    """One state's entries grouped by key group: ``chunks[kg] = (key_bytes, value_bytes)`` lists."""
+
+    meta_layout: list[Any]
+    kind: str
+    chunks: dict[int, tuple[list[bytes], list[bytes]]] = field(default_factory=dict)
+
+    def add(self, key_group: int, key: bytes, value: bytes) -> None:
+        chunk = self.chunks.get(key_group)
+        if chunk is None:
+            self.chunks[key_group] = ([key], [value])
+        else:
+            chunk[0].append(key)
+            chunk[1].append(value)
+
+
+def group_entries(
+    items: Iterable[tuple[Any, Any]],
+    meta: StateMeta,
+    max_parallelism: int,
+    now: int | None = None,
+    pace: Callable[[], None] | None = None,
+) -> KvStateData:
+    """Serialize a state's (key, stored value) pairs into per-key-group chunks.
+
+    Expired TTL entries are dropped when the state's TTL config asks for full-snapshot cleanup;
+    ``pace`` runs every :data:`PACE_SLICE` entries (GIL sharing with the processing thread).
+    """
+    data = KvStateData(meta.layout, meta.kind)
+    key_ser = meta.key_serializer.serialize
+    val_ser = meta.stored_serializer.serialize
+    drop = meta.snapshot_filter(now)
+    add = data.add
+    for n, (key, stored) in enumerate(items, 1):
+        if pace is not None and n % PACE_SLICE == 0:
+            pace()
+        if drop is not None:
+            stored = drop(stored)
+            if stored is None:
+                continue
+        kb = key_ser(key)
+        add(key_group_for_bytes(kb, max_parallelism), kb, val_ser(stored))
+    return data
+
+
+def indexed_blob(chunks: dict[int, Any]) -> tuple[dict[int, list[int]], bytes]:
+    """Pack key-group chunks into one blob with an index of ``[offset, length, crc]`` per group."""
+    order = sorted(chunks)
+    parts = [packb(list(chunks[kg])) for kg in order]
+    return dict(zip(order, part_locations(parts), strict=True)), b"".join(parts)
+
+
+def write_kv_state(streams: CheckpointStreams, name: str, data: KvStateData, *,
+                   shared_name: str | None = None) -> IndexedEntry:
+    """Write one state's chunks as one blob with a per-key-group index of offset, length, crc.
+
+    ``shared_name`` writes the blob as a shared file that later checkpoints may reference.
+    """
+    index, blob = indexed_blob(data.chunks)
+    handle = streams.write(blob, state_name=name, shared_name=shared_name)
+    return {"layout": data.meta_layout, "kind": data.kind, "data": handle, "index": index}
+
+
+def read_kv_entry(
+    name: str, entry: dict[str, Any], reader: StateReader, key_group_range: KeyGroupRange
+) -> Iterator[tuple[int, list[Any]]]:
+    """Yield ``(key group, unpacked chunk)`` for one indexed state entry, inside the range only."""
+    try:
+        index = entry["index"]
+        wanted = [(int(kg), loc) for kg, loc in index.items() if int(kg) in key_group_range]
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"state '{name}': malformed key-group index") from exc
+    for kg, (offset, length, crc) in sorted(wanted):
+        chunk = reader.read(entry["data"], offset, length, crc)
+        try:
+            parts = unpackb(chunk)
+        except (ValueError, TypeError) as exc:
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk") from exc
+        if not isinstance(parts, list):
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+        yield kg, parts
+
+
+# --- plain entries ---------------------------------------------------------------------------------
+
+
+def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
+                key_plain: Callable[[Any], Any] | None = None,
+                value_plain: Callable[[Any], Any] | None = None,
+                pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """One state's entries as parts of ``packb([keys, values])`` in plain form, produced lazily.
+
+    With identity serializers a part is one C-level msgpack call over the objects the table
+    already holds; ``key_plain`` / ``value_plain`` convert other types part by part.  ``pace``
+    runs before each part (GIL sharing with the processing thread).
+    """
+    start, count = 0, _FIRST_PART_ENTRIES
+    while start < len(keys):
+        if pace is not None:
+            pace()
+        ks = keys[start:start + count]
+        vs = values[start:start + count]
+        if key_plain is not None:
+            ks = [key_plain(k) for k in ks]
+        if value_plain is not None:
+            vs = [value_plain(v) for v in vs]
+        part = packb([ks, vs])
+        yield part
+        start += count
+        count = max(1, min(_MAX_PART_ENTRIES, count * PLAIN_PART_BYTES // max(1, len(part))))
+
+
+def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
+                      parts: Iterable[bytes], *, shared_name: str | None = None) -> PlainEntry:
+    """Write the parts of one plain state entry (each written while the next is produced)."""
+    handle, locations = streams.write_parts(parts, state_name=name, shared_name=shared_name)
+    return {"layout": layout, "kind": kind, "encoding": "plain", "data": handle,
+            "parts": locations}
+
+
+def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
+                     ) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Yield ``(plain keys, plain values)`` per part of a plain state entry, each part verified."""
+    try:
+        locations = [[int(offset), int(length), int(crc)] for offset, length, crc in entry["parts"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"state '{name}': malformed part index") from exc
+    for n, part in enumerate(reader.read_parts(entry["data"], locations)):
+        try:
+            keys, values = unpackb(part)
+        except (SerializationError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed") from exc
+        if not isinstance(keys, list) or not isinstance(values, list) or len(keys) != len(values):
+            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed")
+        yield keys, values
+
+
+def plain_in_range(keys: list[Any], values: list[Any], key_group_range: KeyGroupRange,
+                   max_parallelism: int) -> tuple[list[Any], list[Any]]:
+    """The entries of a plain part whose keys fall into ``key_group_range`` (rescaling)."""
+    kept_k, kept_v = [], []
+    for key, value in zip(keys, values, strict=True):
+        if key_group_for_bytes(packb(key), max_parallelism) in key_group_range:
+            kept_k.append(key)
+            kept_v.append(value)
+    return kept_k, kept_v
+
+
+# --- whole handles ---------------------------------------------------------------------------------
+
+
+def check_kv_handle(handle: dict[str, Any], max_parallelism: int) -> KeyGroupRange:
+    """The key-group range of a readable ``KV_FORMATS`` handle taken with ``max_parallelism``."""
+    if handle.get("format") not in KV_FORMATS:
+        raise CorruptCheckpointError(
+            f"expected a {KV_FORMAT} snapshot, got format {handle.get('format')!r}"
+        )
+    recorded = handle.get("max_parallelism", max_parallelism)
+    if recorded != max_parallelism:
+        raise CorruptCheckpointError(
+            f"snapshot was taken with max_parallelism {recorded}, this job uses {max_parallelism}"
+        )
+    try:
+        return KeyGroupRange.of(handle["key_group_range"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError("snapshot without a valid key_group_range") from exc
+
+
+def read_kv_states(
+    handles: Iterable[dict[str, Any]], reader: StateReader, key_group_range: KeyGroupRange,
+    max_parallelism: int,
+) -> Iterator[tuple[str, dict[str, Any], int, list[bytes], list[bytes]]]:
+    """Yield ``(state name, entry, key group, keys, values)``, serialized, for every entry inside
+    the range; plain entries are serialized and grouped here (restoring into a bytes backend)."""
+    for handle in handles:
+        check_kv_handle(handle, max_parallelism)
+        for name, entry in handle["states"].items():
+            if entry.get("encoding") != "plain":
+                for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
+                    try:
+                        keys, values = parts
+                    except ValueError as exc:
+                        raise CorruptCheckpointError(
+                            f"state '{name}' key group {kg}: malformed chunk"
+                        ) from exc
+                    yield name, entry, kg, keys, values
+                continue
+            for keys, values in read_plain_entry(name, entry, reader):
+                groups: dict[int, tuple[list[bytes], list[bytes]]] = {}
+                for key, value in zip(keys, values, strict=True):
+                    kb = packb(key)
+                    kg = key_group_for_bytes(kb, max_parallelism)
+                    if kg in key_group_range:
+                        group = groups.setdefault(kg, ([], []))
+                        group[0].append(kb)
+                        group[1].append(packb(value))
+                for kg, (kbs, vbs) in sorted(groups.items()):
+                    yield name, entry, kg, kbs, vbs

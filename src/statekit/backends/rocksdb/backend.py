@@ -1,0 +1,282 @@
+"""The RocksDB keyed backend: one partition's working state in its own local database.
+
+One column family per state (:mod:`~statekit.backends.rocksdb.states`); snapshots and restores
+are in :mod:`~statekit.backends.rocksdb.snapshot` and :mod:`~statekit.backends.rocksdb.restore`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from statekit import workdirs
+from statekit.backends.base import NO_KEY, KeyedStateBackend, SnapshotRun, StateMeta
+from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
+from statekit.backends.rocksdb.restore import RocksDBRestoreOperation
+from statekit.backends.rocksdb.snapshot import RocksDBSnapshotStrategy
+from statekit.backends.rocksdb.states import (
+    RocksDBListState,
+    RocksDBMapState,
+    RocksDBValueState,
+    RocksState,
+)
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import CheckpointStreams
+from statekit.errors import BackendLockedError, StateError
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
+from statekit.serde.msgpack import packb
+from statekit.serde.serializers import TypeSerializer
+from statekit.state.api import State, check_value
+from statekit.state.descriptors import StateDescriptor
+
+#: prefixes of this many str/int/bytes keys are cached per type before the cache starts over
+_PREFIX_CACHE_SIZE = 1 << 16
+
+
+class RocksDBKeyedStateBackend(KeyedStateBackend):
+    """Working state of one partition in its own RocksDB database (one column family per state)."""
+
+    backend_name = "rocksdb"
+
+    def __init__(self, key_serializer: TypeSerializer, key_group_range: KeyGroupRange,
+                 max_parallelism: int, clock: Callable[[], int] | None = None, *,
+                 instance_dir: str, options: Callable[[], Options],
+                 incremental: bool = False, transfer_threads: int = 1,
+                 ttl_compaction_filter: bool = True) -> None:
+        self._prefix: bytes | None = None
+        self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
+        self._key_ser = packb if key_serializer.identity else key_serializer.serialize
+        self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
+        super().__init__(key_serializer, key_group_range, max_parallelism, clock, True)
+        self.instance_dir = Path(instance_dir)
+        self.db_path = self.instance_dir / "db"
+        self._options = options
+        self.incremental = incremental
+        self.transfer_threads = max(1, int(transfer_threads))
+        self.ttl_compaction_filter = ttl_compaction_filter
+        self._wo = write_options()
+        self._db: Any = None
+        self._cfs: dict[str, Rdict] = {}
+        self._state_info: dict[str, dict[str, Any]] = {}  # name -> {"layout", "kind"}
+        self._rstates: dict[str, RocksState] = {}
+        self._metas: dict[str, StateMeta] = {}
+        self._sweep_cursor: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._pending: dict[int, dict[str, dict[str, Any]]] = {}
+        self._confirmed: dict[str, dict[str, Any]] = {}
+        self._confirmed_id = -1
+        self._pid = os.getpid()
+        self._disposed = False
+        live_backends.add(self)
+
+    # --- current key: the key-group prefix is computed once per key --------------------------------
+
+    @property  # type: ignore[override]
+    def current_key(self) -> Any:
+        return self._current_key
+
+    @current_key.setter
+    def current_key(self, key: Any) -> None:
+        self.set_current_key(key)
+
+    def set_current_key(self, key: Any) -> None:
+        """Set the current key and compute its key-group prefix once for all state accesses."""
+        self._current_key = key
+        # prefixes of str/int/bytes keys are cached, one dict per exact type (keeps 1, 1.0 and
+        # True apart, which compare equal but serialize differently)
+        cache = self._prefix_caches.get(type(key))
+        if cache is not None:
+            prefix = cache.get(key)
+            if prefix is None:
+                kb = self._key_ser(key)
+                prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+                if len(cache) >= _PREFIX_CACHE_SIZE:
+                    cache.clear()
+                cache[key] = prefix
+            self._prefix = prefix
+        elif key is NO_KEY:
+            self._prefix = None
+        else:
+            kb = self._key_ser(key)
+            self._prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+
+    # --- the database ------------------------------------------------------------------------------
+
+    def _ensure_open(self) -> Any:
+        if self._db is None:
+            if self._disposed:
+                raise StateError("the RocksDB state backend was disposed")
+            self.db_path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = open_db(self.db_path, self._options)
+            self._db.set_write_options(self._wo)
+            self._pid = os.getpid()
+        return self._db
+
+    def _cf(self, name: str) -> Rdict:
+        cf = self._cfs.get(name)
+        if cf is None:
+            db = self._ensure_open()
+            try:
+                cf = db.get_column_family(name)
+            except Exception:
+                cf = db.create_column_family(name, self._options())
+            cf.set_write_options(self._wo)
+            self._cfs[name] = cf
+        return cf
+
+    def _create_state(self, meta: StateMeta) -> State:
+        cf = self._cf(meta.name)
+        self._state_info[meta.name] = {"layout": meta.layout, "kind": meta.kind}
+        self._metas[meta.name] = meta
+        stored = meta.stored_serializer
+        state: RocksState
+        if meta.kind == "value":
+            state = RocksDBValueState(self, cf, meta, stored)
+        elif meta.kind == "list":
+            state = RocksDBListState(self, cf, meta, stored.element)  # type: ignore[attr-defined]
+        else:
+            state = RocksDBMapState(self, cf, meta, stored.value, stored.key)  # type: ignore[attr-defined]
+        self._rstates[meta.name] = state
+        return state  # type: ignore[return-value]
+
+    def _state_names(self) -> list[str]:
+        return sorted(self._state_info)
+
+    def _poison(self, why: str, error: type[Exception] = StateError) -> None:
+        bad = Unusable(why, error)
+        for state in self._rstates.values():
+            state._bind(bad, bad)
+        self._cfs.clear()
+
+    def _forked(self) -> None:
+        """In a forked child: the parent owns the database; never touch (or delete) it here.
+
+        The native handles are leaked on purpose: releasing them would run RocksDB code whose
+        mutexes a parent thread may have held at fork time (a deadlock in the child).
+        """
+        inherited.append((self._db, list(self._cfs.values()),
+                           [(state._cf, state._handle) for state in self._rstates.values()]))
+        self._poison(
+            f"this RocksDB state backend was opened in process {self._pid} before a fork; "
+            "RocksDB is not fork-safe, so create the backend (open the database) after forking",
+            BackendLockedError,
+        )
+        self._db = Unusable("database inherited through fork")
+        self._disposed = True
+
+    def close(self) -> None:
+        """Flush and close the database, keeping its files (releases the process lock)."""
+        if self._db is None or isinstance(self._db, Unusable):
+            return
+        self._poison("the RocksDB state backend was closed")
+        db, self._db = self._db, None
+        try:
+            db.flush()
+        finally:
+            db.close()
+
+    def _bulk_state(self, descriptor: StateDescriptor) -> RocksDBValueState | None:
+        state = self.get_partitioned_state(descriptor)
+        return state if isinstance(state, RocksDBValueState) else None
+
+    def _prefixes(self, keys: Sequence[Any]) -> list[bytes]:
+        prefixes = []
+        for key in keys:
+            self.set_current_key(key)
+            prefixes.append(self._prefix)
+        return prefixes
+
+    def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
+        """Values of a value state for many keys: one batched multi-get."""
+        state = self._bulk_state(descriptor)
+        if state is None:  # wrapped (size limits): go through the state API
+            value = self.get_partitioned_state(descriptor).value  # type: ignore[attr-defined]
+            return [value() for _ in self._each(keys)]
+        de = state._de
+        return [None if v is None else de(v) for v in state._cf.get(self._prefixes(keys))]
+
+    def bulk_put(self, descriptor: StateDescriptor, keys: Sequence[Any],
+                 values: Sequence[Any]) -> None:
+        """Set a value state for many keys in one write batch; None deletes a key."""
+        state = self._bulk_state(descriptor)
+        if state is None:
+            update = self.get_partitioned_state(descriptor).update  # type: ignore[attr-defined]
+            for key, value in zip(keys, values, strict=True):
+                self.set_current_key(key)
+                update(value)
+            return
+        batch = WriteBatch(raw_mode=True)
+        handle, ser, valid = state._handle, state._ser, state._valid
+        for prefix, value in zip(self._prefixes(keys), values, strict=True):
+            if value is None:
+                batch.delete(prefix, handle)
+            else:
+                if valid(value) is not None:
+                    check_value(state._check, value, descriptor.name)
+                batch.put(prefix, ser(value), handle)
+        self._ensure_open().write(batch)
+
+    def _each(self, keys: Sequence[Any]) -> Iterator[Any]:
+        for key in keys:
+            self.set_current_key(key)
+            yield key
+
+    def dispose(self) -> None:
+        if self._disposed:
+            return
+        if self._db is not None and not isinstance(self._db, Unusable):
+            self._poison("the RocksDB state backend was disposed")
+            db, self._db = self._db, None
+            try:
+                db.close()
+            except Exception:  # noqa: S110 - the directory is deleted below anyway
+                pass
+        self._disposed = True
+        self._states.clear()
+        workdirs.remove(self.instance_dir)
+        live_backends.discard(self)
+
+    def _pool_map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """``fn`` over ``items``, on ``transfer_threads`` threads when there is more than one."""
+        if self.transfer_threads <= 1 or len(items) <= 1:
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(max_workers=self.transfer_threads,
+                                thread_name_prefix="statekit-rocksdb-transfer") as pool:
+            return list(pool.map(fn, items))
+
+    # --- snapshots and restore -----------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, *,
+                 savepoint: bool = False) -> SnapshotRun:
+        """A native checkpoint now (hard links); the run uploads it, or writes a savepoint."""
+        return RocksDBSnapshotStrategy(self).snapshot(checkpoint_id, streams, savepoint)
+
+    def _track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:
+        """Remember an incremental checkpoint's SSTs: its base once it is confirmed."""
+        with self._lock:
+            self._pending[checkpoint_id] = dict(sst)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        with self._lock:
+            ssts = self._pending.pop(checkpoint_id, None)
+            if ssts is not None and checkpoint_id > self._confirmed_id:
+                self._confirmed = ssts
+                self._confirmed_id = checkpoint_id
+            for cid in [c for c in self._pending if c < checkpoint_id]:
+                del self._pending[cid]
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self._pending.pop(checkpoint_id, None)
+
+    def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
+        """Native handles (the one overlapping most is the base) and backend-neutral ones."""
+        if self._states:
+            raise StateError("restore must happen before any state is registered")
+        RocksDBRestoreOperation(self).restore(handles, reader)

@@ -1,0 +1,210 @@
+"""RocksDB snapshots: native checkpoints uploaded file by file, and backend-neutral savepoints.
+
+The synchronous part flushes and hard-links the live files (a native RocksDB checkpoint); the
+run uploads them on ``number_of_transfering_threads``.  Incremental checkpoints re-reference the
+SST files the last confirmed checkpoint already holds and upload only the others, into
+``shared/``.  rocksdict has no compaction filter, so TTL "compaction-filter" cleanup is imitated
+here, bounded per checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rocksdict import Checkpoint, Options, WriteBatch
+
+from statekit.backends.base import SnapshotRun, StateMeta
+from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
+from statekit.backends.rocksdb.db import Unusable, open_db
+from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
+from statekit.checkpoint.streams import CheckpointStreams
+from statekit.errors import BackendLockedError
+
+if TYPE_CHECKING:
+    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+#: Format tag of a native RocksDB checkpoint handle.
+ROCKSDB_FORMAT = "statekit-rocksdb/1"
+
+_TTL_SWEEP_BUDGET = 1000  # entries per TTL state examined per checkpoint (compaction-filter stand-in)
+
+
+class RocksDBSnapshotStrategy:
+    """Takes one snapshot of a RocksDB keyed backend (as Flink's ``RocksSnapshotStrategy``)."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+        self.backend = backend
+
+    def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, savepoint: bool
+                 ) -> SnapshotRun:
+        """The synchronous part: TTL sweep and a native checkpoint; the run writes it."""
+        start = time.perf_counter()
+        backend = self.backend
+        db = backend._ensure_open()
+        if isinstance(db, Unusable):
+            raise BackendLockedError("database inherited through fork")
+        self._ttl_sweep()
+        for name in backend._state_names():
+            backend._cf(name)  # restored-but-unregistered states are column families too
+        # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
+        # so the hard-linked files hold everything written with the WAL disabled
+        target = backend.instance_dir / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        checkpoint = Checkpoint(db)
+        try:
+            checkpoint.create_checkpoint(str(target))
+        finally:
+            del checkpoint
+        info = {name: dict(backend._state_info[name]) for name in backend._state_names()}
+        base = dict(backend._confirmed) if backend.incremental and not savepoint else {}
+        metas = dict(backend._metas)
+        limits = {name: meta.ttl.snapshot_limit() for name, meta in metas.items() if meta.ttl}
+        expiring = {name: limit for name, limit in limits.items() if limit is not None}
+
+        def run() -> dict[str, Any]:
+            try:
+                if savepoint:
+                    return self._write_savepoint(target, streams, info, metas)
+                if expiring:
+                    self._drop_expired_in(target, expiring)
+                return self._upload(checkpoint_id, target, streams, info, base)
+            finally:
+                shutil.rmtree(target, ignore_errors=True)
+
+        def cancel() -> None:
+            shutil.rmtree(target, ignore_errors=True)
+
+        return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
+
+    # --- TTL cleanup (what Flink's compaction filter does, bounded per checkpoint) ---------------
+
+    def _ttl_sweep(self) -> None:
+        backend = self.backend
+        if not backend.ttl_compaction_filter:
+            return
+        for name, meta in backend._metas.items():
+            if meta.ttl is None:
+                continue
+            registered = backend._states.get(name)
+            config = registered[0].ttl_config if registered else None
+            if config is None or config.get_cleanup_strategies(
+            ).get_rocksdb_compact_filter_cleanup_strategy() is None:
+                continue
+            self._sweep_state(name, meta)
+
+    def _sweep_state(self, name: str, meta: StateMeta) -> None:
+        """Delete expired entries among the next ``_TTL_SWEEP_BUDGET`` of one state."""
+        backend = self.backend
+        policy = meta.ttl
+        assert policy is not None
+        limit = policy.clock() - policy.ttl
+        cf = backend._cfs[name]
+        handle = backend._db.get_column_family_handle(name)
+        batch = WriteBatch(raw_mode=True)
+        it = cf.iter()
+        it.seek(backend._sweep_cursor.get(name, b""))
+        seen = 0
+        while it.valid() and seen < _TTL_SWEEP_BUDGET:
+            value = it.value()
+            if value and expired(value, limit):
+                batch.delete(it.key(), handle)
+            seen += 1
+            it.next()
+        backend._sweep_cursor[name] = it.key() if it.valid() else b""
+        del it
+        if len(batch):
+            backend._db.write(batch)
+
+    def _drop_expired_in(self, target: Path, expiring: dict[str, int]) -> None:
+        """TTL full-snapshot cleanup, off the processing thread: delete expired entries in the copy.
+
+        The native checkpoint is a separate database (hard-linked, immutable SSTs); tombstones
+        written into it hide the expired entries from every restore of this checkpoint.
+        """
+        def options() -> Options:
+            opts = self.backend._options()
+            opts.set_disable_auto_compactions(True)
+            return opts
+
+        db = open_db(target, options)
+        try:
+            for name, limit in expiring.items():
+                cf = db.get_column_family(name)
+                handle = db.get_column_family_handle(name)
+                batch = WriteBatch(raw_mode=True)
+                for key, value in cf.items():
+                    if value and expired(value, limit):
+                        batch.delete(key, handle)
+                if len(batch):
+                    db.write(batch)
+                    cf.flush()
+                del cf, handle
+        finally:
+            db.close()
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def _upload(self, checkpoint_id: int, target: Path, streams: CheckpointStreams,
+                info: dict[str, Any], base: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Upload the native checkpoint's files (reusing the base's SSTs when incremental)."""
+        backend = self.backend
+        files = sorted(p for p in target.iterdir() if p.is_file())
+        sst: dict[str, dict[str, Any]] = {}
+        reused = 0
+        todo = []
+        for path in files:
+            if path.suffix == ".sst":
+                previous = base.get(path.name)
+                if previous is not None and previous.get("size") == path.stat().st_size:
+                    sst[path.name] = previous
+                    reused += 1
+                    continue
+            todo.append(path)
+        incremental = backend.incremental
+
+        def upload(path: Path) -> tuple[str, dict[str, Any]]:
+            # streamed: a kernel copy / streamed upload, the crc computed alongside
+            if path.suffix == ".sst":
+                shared = path.name if incremental else None
+                return path.name, streams.write_file(path, state_name=path.name, shared_name=shared)
+            return path.name, streams.write_file(path, state_name=path.name)
+
+        misc: dict[str, dict[str, Any]] = {}
+        for name, handle in backend._pool_map(upload, todo):
+            (sst if name.endswith(".sst") else misc)[name] = handle
+        if incremental:
+            backend._track_upload(checkpoint_id, sst)
+        return {
+            **handle_header(backend, ROCKSDB_FORMAT),
+            "incremental": incremental,
+            "states": info,
+            "sst": sst,
+            "misc": misc,
+            "reused_sst": reused,
+        }
+
+    def _write_savepoint(self, target: Path, streams: CheckpointStreams, info: dict[str, Any],
+                         metas: dict[str, StateMeta]) -> dict[str, Any]:
+        """The native checkpoint re-read as backend-neutral key-grouped chunks."""
+        db = open_db(target, self.backend._options, read_only=True)
+        states: dict[str, Any] = {}
+        try:
+            for name, entry in info.items():
+                data = KvStateData(entry["layout"], entry["kind"])
+                cf = db.get_column_family(name)
+                meta = metas.get(name)
+                limit = meta.ttl.snapshot_limit() if meta is not None and meta.ttl else None
+                for kg, kb, value in grouped(cf, entry["kind"]):
+                    if limit is not None:
+                        value = drop_expired(entry["kind"], value, limit)
+                        if value is None:
+                            continue
+                    data.add(kg, kb, value)
+                del cf
+                states[name] = write_kv_state(streams, name, data)
+        finally:
+            db.close()
+        return dict(kv_handle(self.backend, states))

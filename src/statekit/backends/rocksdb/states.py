@@ -1,0 +1,241 @@
+"""The RocksDB backend's value, list and map states over one column family per state.
+
+List elements are stored under ``prefix + 8-byte sequence number`` (appends never rewrite the
+list) and map entries under ``prefix + serialized user key`` (iteration is a prefix scan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from rocksdict import Rdict, WriteBatch
+
+from statekit.backends.base import StateMeta
+from statekit.backends.rocksdb.encoding import SEQ_MAX
+from statekit.errors import StateError
+from statekit.serde.msgpack import packb, unpackb
+from statekit.serde.serializers import TypeSerializer
+from statekit.state.api import ListState, MapState, ValueState, check_value
+
+if TYPE_CHECKING:
+    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+
+class RocksState:
+    """What the RocksDB states share: the column family, the current key's prefix, scans."""
+
+    __slots__ = ("_b", "_cf", "_check", "_de", "_del", "_get", "_handle", "_name", "_put",
+                 "_ser", "_valid")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, cf: Rdict, meta: StateMeta,
+                 element: TypeSerializer) -> None:
+        self._b = backend
+        self._cf: Any = cf
+        self._name = meta.name
+        self._check = element
+        self._ser = packb if element.identity else element.serialize
+        self._de = unpackb if element.identity else element.deserialize
+        self._valid = element.check
+        self._bind(cf, backend._db.get_column_family_handle(meta.name))
+
+    def _bind(self, cf: Any, handle: Any) -> None:
+        # bound methods of the column family, cached: the hot path is one C call per operation
+        self._cf = cf
+        self._handle = handle
+        self._get = cf.get
+        self._put = cf.put
+        self._del = cf.delete
+
+    def _prefix(self) -> bytes:
+        prefix = self._b._prefix
+        if prefix is None:
+            raise self._b.no_key(self._name)
+        return prefix
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) of every entry under ``prefix``, in key order."""
+        it = self._cf.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return
+            yield key, it.value()
+            it.next()
+
+    def _delete_prefix(self, prefix: bytes) -> None:
+        batch = WriteBatch(raw_mode=True)
+        self._delete_prefix_into(batch, prefix)
+        if len(batch):
+            self._b._db.write(batch)
+
+    def _delete_prefix_into(self, batch: WriteBatch, prefix: bytes) -> None:
+        """Add deletes of every entry under ``prefix`` to ``batch``."""
+        handle = self._handle
+        for key in self._cf.keys(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            batch.delete(key, handle)
+
+
+class RocksDBValueState(RocksState, ValueState):
+    """Value state: one entry under the key's prefix."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        prefix = self._b._prefix
+        if prefix is None:
+            raise self._b.no_key(self._name)
+        data = self._get(prefix)
+        return None if data is None else self._de(data)
+
+    def update(self, value: Any) -> None:
+        prefix = self._b._prefix
+        if prefix is None:
+            raise self._b.no_key(self._name)
+        if value is None:
+            self._del(prefix)
+            return
+        if self._valid(value) is not None:
+            check_value(self._check, value, self._name)
+        self._put(prefix, self._ser(value))
+
+    def clear(self) -> None:
+        self._del(self._prefix())
+
+
+class RocksDBListState(RocksState, ListState):
+    """List state: one entry per element, keyed by an 8-byte sequence number, so appends are puts."""
+
+    __slots__ = ()
+
+    def _next_seq(self, prefix: bytes) -> int:
+        it = self._cf.iter()
+        it.seek_for_prev(prefix + SEQ_MAX)
+        if it.valid():
+            key = it.key()
+            if key.startswith(prefix) and len(key) == len(prefix) + 8:
+                return int.from_bytes(key[-8:], "big") + 1
+        return 0
+
+    def get(self) -> list[Any]:
+        de = self._de
+        return [de(v) for _, v in self._scan(self._prefix())]
+
+    def add(self, value: Any) -> None:
+        prefix = self._prefix()
+        if value is None:
+            raise StateError("cannot add None to a list state", self._name)
+        check_value(self._check, value, self._name)
+        seq = self._next_seq(prefix)
+        self._put(prefix + seq.to_bytes(8, "big"), self._ser(value))
+
+    def _validated(self, values: Iterable[Any] | None) -> list[Any]:
+        values = [] if values is None else list(values)
+        for v in values:
+            if v is None:
+                raise StateError("cannot add None to a list state", self._name)
+            check_value(self._check, v, self._name)
+        return values
+
+    def _append(self, batch: WriteBatch, prefix: bytes, seq: int, values: list[Any]) -> None:
+        ser, handle = self._ser, self._handle
+        for i, v in enumerate(values, seq):
+            batch.put(prefix + i.to_bytes(8, "big"), ser(v), handle)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        prefix = self._prefix()
+        values = self._validated(values)
+        if not values:
+            return
+        batch = WriteBatch(raw_mode=True)
+        self._append(batch, prefix, self._next_seq(prefix), values)
+        self._b._db.write(batch)
+
+    def update(self, values: Iterable[Any] | None) -> None:
+        prefix = self._prefix()
+        values = self._validated(values)
+        batch = WriteBatch(raw_mode=True)
+        self._delete_prefix_into(batch, prefix)
+        self._append(batch, prefix, 0, values)
+        if len(batch):
+            self._b._db.write(batch)
+
+    def clear(self) -> None:
+        self._delete_prefix(self._prefix())
+
+
+class RocksDBMapState(RocksState, MapState):
+    """Map state: one entry per user key under the key's prefix; iteration is a prefix scan."""
+
+    __slots__ = ("_kde", "_kser", "_ukey")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, cf: Rdict, meta: StateMeta,
+                 element: TypeSerializer, user_key: TypeSerializer) -> None:
+        super().__init__(backend, cf, meta, element)
+        self._ukey = user_key
+        self._kser = packb if user_key.identity else user_key.serialize
+        self._kde = unpackb if user_key.identity else user_key.deserialize
+
+    def _value_bytes(self, value: Any) -> bytes:
+        return b"" if value is None else self._ser(value)
+
+    def get(self, key: Any) -> Any:
+        data = self._get(self._prefix() + self._kser(key))
+        return None if not data else self._de(data)
+
+    def put(self, key: Any, value: Any) -> None:
+        prefix = self._prefix()
+        check_value(self._ukey, key, self._name)
+        if value is not None:
+            check_value(self._check, value, self._name)
+        self._put(prefix + self._kser(key), self._value_bytes(value))
+
+    def put_all(self, dict_value: dict[Any, Any]) -> None:
+        prefix = self._prefix()
+        batch = WriteBatch(raw_mode=True)
+        handle = self._handle
+        for k, v in dict_value.items():
+            check_value(self._ukey, k, self._name)
+            if v is not None:
+                check_value(self._check, v, self._name)
+            batch.put(prefix + self._kser(k), self._value_bytes(v), handle)
+        if len(batch):
+            self._b._db.write(batch)
+
+    def remove(self, key: Any) -> None:
+        self._del(self._prefix() + self._kser(key))
+
+    def contains(self, key: Any) -> bool:
+        return self._get(self._prefix() + self._kser(key)) is not None
+
+    def items(self) -> list[tuple[Any, Any]]:
+        prefix = self._prefix()
+        n = len(prefix)
+        kde, de = self._kde, self._de
+        return [(kde(k[n:]), de(v) if v else None) for k, v in self._scan(prefix)]
+
+    def keys(self) -> list[Any]:
+        prefix = self._prefix()
+        n = len(prefix)
+        kde = self._kde
+        out = []
+        for key in self._cf.keys(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            out.append(kde(key[n:]))
+        return out
+
+    def values(self) -> list[Any]:
+        de = self._de
+        return [de(v) if v else None for _, v in self._scan(self._prefix())]
+
+    def is_empty(self) -> bool:
+        for _ in self._scan(self._prefix()):
+            return False
+        return True
+
+    def clear(self) -> None:
+        self._delete_prefix(self._prefix())

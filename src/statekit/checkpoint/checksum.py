@@ -1,0 +1,130 @@
+"""CRC-32 for checkpoint files and parts: streamed over local files, alongside a copy, and
+combined from the CRCs of consecutive parts without a second pass over the data.
+
+CRC-32 (zlib) runs at about 2.2 GB/s here and releases the GIL; SHA-256 ran at 1.4 GB/s and
+would cap checkpoint throughput below the disk's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+#: one reused, cache-sized buffer: each chunk is checksummed while still in the CPU cache
+_CRC_CHUNK = 1024 * 1024
+#: files at least this large are checksummed on a helper thread while the store copies them
+_PARALLEL_CRC = 4 * 1024 * 1024
+
+
+def crc_while_copying(transfer: Callable[[], None], local_path: str | os.PathLike[str],
+               size: int) -> tuple[int, int]:
+    """Run ``transfer()`` and :func:`file_crc` of ``local_path`` side by side (both release the GIL:
+    a kernel copy or network upload, and the CRC); the CRC's result once both are done."""
+    if size < _PARALLEL_CRC:
+        result = file_crc(local_path)
+        transfer()
+        return result
+    box: dict[str, Any] = {}
+
+    def checksum() -> None:
+        try:
+            box["crc"] = file_crc(local_path)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=checksum, name="statekit-crc", daemon=True)
+    helper.start()
+    try:
+        transfer()
+    finally:
+        helper.join()
+    if "error" in box:
+        raise box["error"]
+    return box["crc"]
+
+
+def file_crc(local_path: str | os.PathLike[str]) -> tuple[int, int]:
+    """CRC-32 and length of a local file, read sequentially into one reused 1 MiB buffer.
+
+    The kernel's sequential read-ahead keeps a cold file's disk reads going while a chunk is
+    checksummed; a reader thread with 8 MiB buffers measured slower, hot (checkpoint) and cold
+    (restore), and competed with the copy for the CPU.
+    """
+    with open(local_path, "rb", buffering=0) as fh:
+        if hasattr(os, "posix_fadvise"):  # a larger read-ahead window
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        buf = bytearray(_CRC_CHUNK)
+        view = memoryview(buf)
+        crc = total = 0
+        while got := fh.readinto(buf):
+            crc = zlib.crc32(view[:got], crc)
+            total += got
+        return crc, total
+
+
+
+def locate(part: bytes | memoryview, offset: int) -> list[int]:
+    """``[offset, length, crc32]`` of one part stored at ``offset``."""
+    return [offset, len(part), zlib.crc32(part)]
+
+
+def part_locations(parts: Iterable[bytes | memoryview], offset: int = 0) -> list[list[int]]:
+    """``[offset, length, crc32]`` of consecutive parts starting at ``offset``."""
+    locations = []
+    for part in parts:
+        locations.append(locate(part, offset))
+        offset += len(part)
+    return locations
+
+
+def combined_crc(parts: list[list[int]]) -> int:
+    """CRC-32 of consecutive parts from their ``[offset, length, crc]``."""
+    crc = 0
+    for _, length, part_crc in parts:
+        crc = crc32_combine(crc, int(part_crc), int(length))
+    return crc
+
+
+_CRC_POLY = 0xEDB88320
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    out, row = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[row]
+        vector >>= 1
+        row += 1
+    return out
+
+
+def _gf2_square(matrix: list[int]) -> list[int]:
+    return [_gf2_times(matrix, matrix[n]) for n in range(32)]
+
+
+@functools.cache
+def _zero_operators() -> tuple[list[int], ...]:
+    """Operator ``i`` advances a CRC-32 over ``2**i`` zero bytes (zlib's ``crc32_combine``)."""
+    one_bit = [_CRC_POLY] + [1 << (n - 1) for n in range(1, 32)]
+    matrix = _gf2_square(_gf2_square(one_bit))  # four zero bits
+    ops = []
+    for _ in range(64):
+        matrix = _gf2_square(matrix)  # 8, 16, 32... zero bits
+        ops.append(matrix)
+    return tuple(ops)
+
+
+def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
+    """CRC-32 of ``A + B`` from ``crc32(A)``, ``crc32(B)`` and ``len(B)`` (no pass over the data)."""
+    ops = _zero_operators()
+    bit = 0
+    while length2:
+        if length2 & 1:
+            crc1 = _gf2_times(ops[bit], crc1)
+        length2 >>= 1
+        bit += 1
+    return crc1 ^ crc2

@@ -1,0 +1,107 @@
+"""File system checkpoint storage: checkpoints as files on any fsspec file system (local paths,
+``file://``, ``memory://``, ``s3://``), small chunks inlined into ``_metadata``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from statekit import values as cfg
+from statekit.checkpoint.base import CheckpointStorage, strip_path
+from statekit.checkpoint.blobstore.fsspec import FsspecBlobStore, blob_store_for
+from statekit.checkpoint.blobstore.local import LocalBlobStore
+from statekit.checkpoint.blobstore.retry import RetryPolicy
+from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.errors import ConfigError
+
+
+class FileSystemCheckpointStorage(CheckpointStorage):
+    """Checkpoints as files on any fsspec file system (local paths, ``file://``, ``memory://``, ``s3://``).
+
+    Chunks under ``file_state_size_threshold`` bytes (default 20 KiB, at most 1 MiB) are inlined
+    into ``_metadata`` rather than written as small files.
+    """
+
+    name = "filesystem"
+    DEFAULT_FILE_STATE_THRESHOLD = 20 * 1024
+    MAX_FILE_STATE_THRESHOLD = 1024 * 1024
+    DEFAULT_WRITE_BUFFER_SIZE = 4096
+
+    def __init__(self, checkpoint_path: str, file_state_size_threshold: int | None = None,
+                 write_buffer_size: int | None = None, savepoint_path: str | None = None,
+                 storage_options: dict[str, Any] | None = None, *,
+                 retry: RetryPolicy | None = None, multipart_threshold: int | None = None) -> None:
+        if not checkpoint_path:
+            raise ConfigError("state.checkpoints.dir", "FileSystemCheckpointStorage needs a path")
+        threshold = (self.DEFAULT_FILE_STATE_THRESHOLD if file_state_size_threshold in (None, -1)
+                     else int(file_state_size_threshold))  # type: ignore[arg-type]
+        if not 0 <= threshold <= self.MAX_FILE_STATE_THRESHOLD:
+            raise ConfigError(
+                "execution.checkpointing.data-inline-threshold",
+                f"{threshold} must be between 0 and {self.MAX_FILE_STATE_THRESHOLD} bytes",
+            )
+        buffer = (self.DEFAULT_WRITE_BUFFER_SIZE if write_buffer_size in (None, -1)
+                  else int(write_buffer_size))  # type: ignore[arg-type]
+        if buffer < 0:
+            raise ConfigError("execution.checkpointing.write-buffer-size", "must not be negative")
+        self._checkpoint_path = strip_path(checkpoint_path)
+        self._savepoint_path = strip_path(savepoint_path)
+        self._threshold = threshold
+        self._write_buffer_size = buffer
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self.multipart_threshold = multipart_threshold
+
+    def configure(self, config: dict[str, Any]) -> FileSystemCheckpointStorage:
+        """Apply flat keys: retries (``state.storage.fs.retries``, ``.retry-backoff``,
+        ``.retry-max-backoff``), ``state.storage.fs.multipart-threshold`` and, for ``s3://``
+        paths, Flink's ``s3.endpoint`` / ``s3.access-key`` / ``s3.secret-key`` /
+        ``s3.path.style.access`` (otherwise the usual AWS environment and config files apply)."""
+
+        if any(k.startswith("state.storage.fs.retr") for k in config):
+            self.retry = RetryPolicy.from_config(config)
+        threshold = cfg.get(config, "state.storage.fs.multipart-threshold", cfg.parse_size)
+        if threshold is not None:
+            self.multipart_threshold = threshold
+        if str(self._checkpoint_path).startswith(("s3://", "s3a://")):
+            self.storage_options = {**s3_options_from_config(config), **self.storage_options}
+        return self
+
+    def store_for(self, root: str) -> LocalBlobStore | FsspecBlobStore:
+        """A blob store under ``root`` with this storage's options, retries and multipart size."""
+        return blob_store_for(root, self.storage_options, retry=self.retry,
+                              multipart_threshold=self.multipart_threshold)
+
+    def get_checkpoint_path(self) -> str:
+        return self._checkpoint_path  # type: ignore[return-value]
+
+    def get_savepoint_path(self) -> str | None:
+        return self._savepoint_path
+
+    def get_min_file_size_threshold(self) -> int:
+        return self._threshold
+
+    def get_write_buffer_size(self) -> int:
+        """Write buffer of checkpoint streams: max(configured buffer, inline threshold), as Flink."""
+        return max(self._write_buffer_size, self._threshold)
+
+    def create_access(self, job_id: str) -> CheckpointStorageAccess:
+        location = f"{self._checkpoint_path}/{job_id}"
+        return CheckpointStorageAccess(self.store_for(location), location, self._threshold)
+
+    def __repr__(self) -> str:
+        return (f"FileSystemCheckpointStorage(checkpoint_path={self._checkpoint_path!r}, "
+                f"file_state_size_threshold={self._threshold})")
+
+
+def s3_options_from_config(config: dict[str, Any]) -> dict[str, Any]:
+    """s3fs options from Flink's ``s3.*`` keys (only those present)."""
+    options: dict[str, Any] = {}
+    if config.get("s3.endpoint"):
+        options["endpoint_url"] = str(config["s3.endpoint"])
+    if config.get("s3.access-key"):
+        options["key"] = str(config["s3.access-key"])
+    if config.get("s3.secret-key"):
+        options["secret"] = str(config["s3.secret-key"])
+    if str(config.get("s3.path.style.access", "")).lower() == "true":
+        options["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+    return options

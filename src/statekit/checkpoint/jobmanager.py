@@ -1,0 +1,53 @@
+"""JobManager checkpoint storage: checkpoints in the memory of the coordinating process, with
+Flink's size limit per state."""
+
+from __future__ import annotations
+
+from statekit.checkpoint.base import CheckpointStorage, strip_path
+from statekit.checkpoint.blobstore.base import BlobStore
+from statekit.checkpoint.blobstore.fsspec import blob_store_for
+from statekit.checkpoint.blobstore.memory import MemoryBlobStore
+from statekit.checkpoint.layout import JOBMANAGER_SCHEME, CheckpointStorageAccess
+from statekit.errors import ConfigError
+
+#: an inline threshold no chunk reaches: JobManager storage keeps every chunk in the metadata
+INLINE_ALL = 1 << 62
+
+
+class JobManagerCheckpointStorage(CheckpointStorage):
+    """Checkpoints in the memory of the coordinating process (the JobManager, or Spark's driver).
+
+    Each state must stay under ``max_state_size`` (5 MiB by default).  With a
+    ``checkpoint_path``, checkpoint metadata (holding the state inline) is also persisted there.
+    """
+
+    name = "jobmanager"
+    DEFAULT_MAX_STATE_SIZE = 5 * 1024 * 1024
+
+    def __init__(self, checkpoint_path: str | None = None, max_state_size: int | None = None) -> None:
+        if max_state_size is not None and max_state_size <= 0:
+            raise ConfigError("max_state_size", "must be positive")
+        self._checkpoint_path = strip_path(checkpoint_path)
+        self._max_state_size = max_state_size or self.DEFAULT_MAX_STATE_SIZE
+
+    def get_max_state_size(self) -> int:
+        return self._max_state_size
+
+    def get_checkpoint_path(self) -> str | None:
+        return self._checkpoint_path
+
+    def get_savepoint_path(self) -> str | None:
+        return self._checkpoint_path
+
+    def create_access(self, job_id: str) -> CheckpointStorageAccess:
+        if self._checkpoint_path is not None:
+            location = f"{self._checkpoint_path}/{job_id}"
+            store: BlobStore = blob_store_for(location)
+        else:
+            location = f"{JOBMANAGER_SCHEME}{job_id}"
+            store = MemoryBlobStore.named(job_id)
+        return CheckpointStorageAccess(store, location, INLINE_ALL, self._max_state_size)
+
+    def __repr__(self) -> str:
+        return (f"JobManagerCheckpointStorage(checkpoint_path={self._checkpoint_path!r}, "
+                f"max_state_size={self._max_state_size})")

@@ -1,0 +1,155 @@
+"""One job's checkpoints in one blob store: the directory layout, commit, listing, verification,
+discard with mark-and-sweep of shared files, and orphan cleanup.
+
+``<root>/<job_id>/chk-<n>/_metadata`` is written last and makes checkpoint ``n`` complete;
+``shared/`` holds files several checkpoints reference.  Instead of a reference-count table that
+can drift after a crash, discarding checkpoint ``n`` deletes the shared files ``n`` referenced
+that no retained checkpoint's ``_metadata`` references.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from statekit.checkpoint.blobstore.base import BlobStore
+from statekit.checkpoint.handles import file_paths, verify_body
+from statekit.checkpoint.metadata import decode_metadata, encode_metadata
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.streams import SHARED_PREFIX, CheckpointStreams
+from statekit.errors import CheckpointNotFoundError, CorruptCheckpointError
+
+log = logging.getLogger("statekit.checkpoint")
+
+#: flat key: when the newest checkpoint is damaged, restore the newest older one that is intact
+RECOVER_FROM_OLDER_KEY = "execution.checkpointing.recover-from-older-on-corruption"
+
+METADATA = "_metadata"
+CHK_PATTERN = re.compile(r"^chk-(\d+)/")
+JOBMANAGER_SCHEME = "jobmanager://"
+
+
+class CheckpointStorageAccess:
+    """One job's checkpoints in one blob store: write, commit, list, load, discard, clean up."""
+
+    def __init__(self, store: BlobStore, location: str, inline_threshold: int,
+                 max_state_size: int | None = None) -> None:
+        self.store = store
+        self.location = location
+        self.inline_threshold = inline_threshold
+        self.max_state_size = max_state_size
+
+    def streams(self, checkpoint_id: int, task_name: str) -> CheckpointStreams:
+        return CheckpointStreams(
+            self.store, f"chk-{checkpoint_id}/", task_name, self.inline_threshold,
+            self.max_state_size,
+        )
+
+    def reader(self) -> StateReader:
+        return StateReader(self.store)
+
+    def commit(self, checkpoint_id: int, body: dict[str, Any]) -> str:
+        """Write ``chk-<id>/_metadata`` last, atomically: from now on the checkpoint is complete."""
+        body = {**body, "layout": "checkpoint", "checkpoint_id": checkpoint_id}
+        self.store.put(f"chk-{checkpoint_id}/{METADATA}", encode_metadata(body))
+        return self.checkpoint_path(checkpoint_id)
+
+    def checkpoint_path(self, checkpoint_id: int) -> str:
+        return f"{self.location}/chk-{checkpoint_id}"
+
+    def completed(self) -> list[int]:
+        """Ids of complete checkpoints (those whose ``_metadata`` exists), ascending."""
+        ids = set()
+        for key in self.store.list("chk-"):
+            match = CHK_PATTERN.match(key)
+            if match and key == f"chk-{match.group(1)}/{METADATA}":
+                ids.add(int(match.group(1)))
+        return sorted(ids)
+
+    def load(self, checkpoint_id: int) -> dict[str, Any]:
+        key = f"chk-{checkpoint_id}/{METADATA}"
+        return decode_metadata(self.store.get(key), f"{self.location}/{key}")
+
+    def verify(self, checkpoint_id: int) -> dict[str, Any]:
+        """The checkpoint's metadata after reading back every file it references (size, CRC,
+        path safety); the typed :class:`CorruptCheckpointError` of the first problem otherwise."""
+        body = self.load(checkpoint_id)
+        verify_body(body, self.reader())
+        return body
+
+    def latest_valid(self, candidates: list[int] | None = None, fallback: bool = True
+                     ) -> tuple[int, dict[str, Any]] | None:
+        """The newest checkpoint (among ``candidates``, default: all complete ones) that verifies.
+
+        With ``fallback`` a damaged checkpoint is skipped (and logged) in favour of an older one;
+        without it the newest one's error is raised.  None when there is no checkpoint at all.
+        """
+        ids = sorted(self.completed() if candidates is None else candidates, reverse=True)
+        first_error: Exception | None = None
+        for cid in ids:
+            try:
+                return cid, self.verify(cid)
+            except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+                if not fallback:
+                    raise
+                first_error = first_error or exc
+                log.warning("checkpoint %d at %s is unusable (%s); trying an older one",
+                            cid, self.location, exc)
+        if first_error is not None:
+            raise first_error
+        return None
+
+    def discard(self, checkpoint_id: int, retained: list[int]) -> None:
+        """Delete a checkpoint and every shared file no retained checkpoint still references."""
+        try:
+            doomed = file_paths(self.load(checkpoint_id))
+        except (CheckpointNotFoundError, ValueError):
+            doomed = set()
+        self.store.delete(f"chk-{checkpoint_id}/{METADATA}")
+        self.store.delete_prefix(f"chk-{checkpoint_id}/")
+        self._sweep_shared({p for p in doomed if p.startswith(SHARED_PREFIX)}, retained)
+
+    def abort(self, checkpoint_id: int, written: list[str], retained: list[int]) -> None:
+        """Remove what an unfinished checkpoint wrote; shared files only if nothing uses them."""
+        self.store.delete_prefix(f"chk-{checkpoint_id}/")
+        self._sweep_shared({p for p in written if p.startswith(SHARED_PREFIX)}, retained)
+
+    def _sweep_shared(self, candidates: set[str], retained: list[int]) -> None:
+        if not candidates:
+            return
+        in_use: set[str] = set()
+        for cid in retained:
+            try:
+                in_use |= file_paths(self.load(cid))
+            except CheckpointNotFoundError:
+                continue
+        for path in candidates - in_use:
+            self.store.delete(path)
+
+    def cleanup_orphans(self, in_flight: set[str] | None = None, temporary: bool = True) -> list[str]:
+        """Delete files of checkpoints that never completed and shared files nothing references.
+
+        ``in_flight`` names files of checkpoints still being written, which must survive;
+        ``temporary`` also deletes temp files of interrupted local writes (only safe while no
+        writer is active, e.g. at job start after a crash).
+        """
+        completed = self.completed()
+        referenced: set[str] = set(in_flight or ())
+        for cid in completed:
+            referenced |= file_paths(self.load(cid))
+        removed = []
+        done = {f"chk-{c}/" for c in completed}
+        for key in self.store.list():
+            match = CHK_PATTERN.match(key)
+            orphan_chk = match is not None and f"chk-{match.group(1)}/" not in done
+            if (orphan_chk or key.startswith(SHARED_PREFIX)) and key not in referenced:
+                removed.append(key)
+        if temporary:
+            removed += self.store.list_temporary()
+        for key in removed:
+            self.store.delete(key)
+        return removed
+
+    def delete_all(self) -> None:
+        self.store.delete_prefix("")

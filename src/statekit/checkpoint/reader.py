@@ -1,0 +1,188 @@
+"""Reading state back from a checkpoint: every handle verified for size and CRC-32, and no path
+followed that leaves the checkpoint's root.
+
+Plain parts are read ahead in spans on a helper thread into a few reused buffers (fresh memory
+costs page faults a restore cannot spare), each span checked with one CRC-32 while the caller
+decodes the previous one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import zlib
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from statekit.checkpoint.blobstore.base import BlobStore, check_key, write_local_file
+from statekit.checkpoint.checksum import combined_crc, file_crc
+from statekit.errors import (
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    TruncatedCheckpointError,
+)
+
+
+class StateReader:
+    """Reads handles back from a checkpoint's root, verifying size and checksum."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def read_parts(self, handle: dict[str, Any], locations: list[list[int]]
+                   ) -> Iterator[bytes | memoryview]:
+        """The ``[offset, length, crc]`` parts of ``handle`` in order, each verified before it is
+        handed out (as a ``memoryview``, valid until the next part is requested).
+
+        A helper thread reads ahead in spans of up to ``_SPAN`` bytes (the kernel prefetching
+        further) and checks each span with one CRC-32 against the combination of its parts' CRCs
+        while the caller decodes; only a span that fails is checked part by part, to hand out the
+        good parts before the typed error.  (A reader thread that checksummed every part waited
+        for the GIL twice per part and halved restores.)
+        """
+        if handle.get("type") != "file":
+            for offset, length, crc in locations:
+                yield self.read(handle, offset, length, crc)
+            return
+        path = check_key(str(handle.get("path")))
+        spans = _spans(locations)
+        ahead: queue.Queue[Any] = queue.Queue()
+        # reused read buffers (also bounding the read-ahead): fresh memory for every read costs
+        # page faults a restore cannot spare
+        free: queue.Queue[bytearray | None] = queue.Queue()
+        size = max((length for _, length, _ in spans), default=0)
+        for _ in range(_READ_BUFFERS):
+            free.put(bytearray(size))
+
+        def into(length: int) -> memoryview:
+            buffer = free.get()
+            if buffer is None:
+                raise _Stopped
+            return memoryview(buffer)[:length]
+
+        def read_ahead() -> None:
+            try:
+                ranges = [(start, length) for start, length, _ in spans]
+                for data, (_, length, parts) in zip(self.store.get_ranges(path, ranges, into),
+                                                    spans, strict=False):
+                    intact = len(data) == length and zlib.crc32(data) == combined_crc(parts)
+                    ahead.put((data, intact))
+                ahead.put(None)
+            except _Stopped:
+                return
+            except BaseException as exc:  # re-raised on the decoding thread
+                ahead.put(exc)
+
+        thread = threading.Thread(target=read_ahead, name="statekit-read-ahead", daemon=True)
+        thread.start()
+        try:
+            for start, _, parts in spans:
+                item = ahead.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    raise TruncatedCheckpointError(f"{path}: fewer parts than its metadata records")
+                view, intact = item
+                for offset, length, crc in parts:
+                    at = offset - start
+                    part = view[at:at + length]
+                    yield part if intact else _verified(path, part, offset, length, crc)
+                free.put(view.obj)  # its parts were handed out: the buffer may be refilled
+        finally:
+            free.put(None)  # stops a reader waiting for a buffer
+            thread.join()
+
+    def read(self, handle: dict[str, Any], offset: int | None = None, length: int | None = None,
+             crc: int | None = None) -> bytes:
+        """The handle's bytes, or ``length`` bytes at ``offset`` checked against ``crc``."""
+        kind = handle.get("type")
+        if kind == "inline":
+            blob = handle["data"]
+            if not isinstance(blob, bytes):
+                raise CorruptCheckpointError("inline state is not bytes")
+            data = blob if offset is None else blob[offset : offset + (length or 0)]
+        elif kind == "file":
+            path = check_key(str(handle.get("path")))
+            data = self.store.get(path) if offset is None else self.store.get(path, offset, length)
+        else:
+            raise CorruptCheckpointError(f"unknown state handle type {kind!r}")
+        where = handle.get("path", "inline state")
+        if offset is not None:
+            return _verified(where, data, offset, length, crc)
+        if len(data) != handle.get("size"):
+            raise TruncatedCheckpointError(
+                f"{where}: {len(data)} bytes, metadata records {handle.get('size')}"
+            )
+        return _verified(where, data, 0, len(data), handle.get("crc"))
+
+    def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
+                  allow_link: bool = False) -> None:
+        """Write the handle's bytes into the local file ``local_path``, verifying size and CRC-32
+        (TruncatedCheckpointError / ChecksumMismatchError; the bad file is removed).
+
+        ``allow_link`` lets a local-disk store hard-link the checkpoint file instead of copying it:
+        only for files that are never modified in place (RocksDB's SST files).
+        """
+        kind = handle.get("type")
+        if kind == "inline":
+            write_local_file(os.fspath(local_path), self.read(handle))
+            return
+        if kind != "file":
+            raise CorruptCheckpointError(f"unknown state handle type {kind!r}")
+        path = check_key(str(handle.get("path")))
+        self.store.get_file(path, local_path, allow_link=allow_link)
+        try:
+            size = os.stat(local_path).st_size
+            if size != handle.get("size"):
+                raise TruncatedCheckpointError(f"{path}: {size} bytes, metadata records {handle.get('size')}")
+            crc, seen = file_crc(local_path)
+            if seen != size:
+                raise TruncatedCheckpointError(f"{path}: {seen} bytes read, {size} expected")
+            if crc != handle.get("crc"):
+                raise ChecksumMismatchError(f"{path}: checksum mismatch")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(local_path)
+            raise
+
+
+_Data = TypeVar("_Data", bytes, memoryview)
+
+
+def _verified(where: str, data: _Data, offset: int, length: int | None, crc: int | None) -> _Data:
+    """``data`` read for ``length`` bytes at ``offset``, checked for length and CRC-32."""
+    if len(data) != length:
+        raise TruncatedCheckpointError(
+            f"{where}: chunk at {offset} is short ({len(data)} of {length} bytes)"
+        )
+    if crc is not None and zlib.crc32(data) != crc:
+        raise ChecksumMismatchError(f"{where}: checksum mismatch")
+    return data
+
+
+#: the largest read of :meth:`StateReader.read_parts` (unless one part is larger), and how many
+#: such reads are buffered
+_SPAN = 16 * 1024 * 1024
+_READ_BUFFERS = 4
+
+
+class _Stopped(Exception):
+    """The consumer of :meth:`StateReader.read_parts` stopped early; the reader ends quietly."""
+
+
+def _spans(locations: list[list[int]]) -> list[tuple[int, int, list[list[int]]]]:
+    """Consecutive parts grouped into reads of up to ``_SPAN`` bytes: ``(start, length, parts)``."""
+    spans: list[tuple[int, int, list[list[int]]]] = []
+    for loc in locations:
+        offset, length = int(loc[0]), int(loc[1])
+        if spans:
+            start, size, parts = spans[-1]
+            if offset == start + size and size + length <= _SPAN:
+                parts.append(loc)
+                spans[-1] = (start, size + length, parts)
+                continue
+        spans.append((offset, length, [loc]))
+    return spans
+

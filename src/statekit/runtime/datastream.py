@@ -1,0 +1,116 @@
+"""The PyFlink-style stream builder of the local runner: ``DataStream`` -> ``KeyedStream`` ->
+``ProcessedStream``, stateless transformations before ``key_by`` and map adapters after it.
+
+Building a stream runs nothing; :meth:`ProcessedStream.execute_and_collect` (or ``env.execute()``
+for streams with sinks) runs it as a :class:`~statekit.runtime.job.LocalJob`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from statekit.runtime.functions import (
+    FlatMapFunction,
+    KeyedProcessFunction,
+    MapFunction,
+    RuntimeContext,
+)
+from statekit.runtime.job import CollectResult, LocalJob
+from statekit.serde.types import TypeInformation
+
+
+class DataStream:
+    """A stream from a replayable collection, with stateless transformations before ``key_by``."""
+
+    def __init__(self, env: Any, source: list[Any], transforms: list[Callable[[Any], Iterable[Any]]]
+                 ) -> None:
+        self._env = env
+        self._source = source
+        self._transforms = transforms
+
+    def _with(self, transform: Callable[[Any], Iterable[Any]]) -> DataStream:
+        return DataStream(self._env, self._source, [*self._transforms, transform])
+
+    def map(self, func: Callable[[Any], Any]) -> DataStream:
+        return self._with(lambda v: (func(v),))
+
+    def filter(self, func: Callable[[Any], bool]) -> DataStream:
+        return self._with(lambda v: (v,) if func(v) else ())
+
+    def flat_map(self, func: Callable[[Any], Iterable[Any] | None]) -> DataStream:
+        return self._with(lambda v: func(v) or ())
+
+    def key_by(self, key_selector: Callable[[Any], Any], key_type: TypeInformation | None = None
+               ) -> KeyedStream:
+        return KeyedStream(self, key_selector, key_type)
+
+
+class KeyedStream:
+    """A stream partitioned by key; its function gets keyed state for the current key."""
+
+    def __init__(self, upstream: DataStream, key_selector: Callable[[Any], Any],
+                 key_type: TypeInformation | None) -> None:
+        self._upstream = upstream
+        self._selector = key_selector
+        self._key_type = key_type
+
+    def process(self, func: KeyedProcessFunction, output_type: TypeInformation | None = None
+                ) -> ProcessedStream:
+        if not isinstance(func, KeyedProcessFunction):
+            raise TypeError("process() takes a KeyedProcessFunction")
+        return ProcessedStream(self, func)
+
+    def map(self, func: MapFunction | Callable[[Any], Any]) -> ProcessedStream:
+        return ProcessedStream(self, _MapAdapter(func))
+
+    def flat_map(self, func: FlatMapFunction | Callable[[Any], Iterable[Any]]) -> ProcessedStream:
+        return ProcessedStream(self, _FlatMapAdapter(func))
+
+
+class ProcessedStream:
+    """The output of the keyed function: collect it, or send it to a sink and ``env.execute()``."""
+
+    def __init__(self, keyed: KeyedStream, func: KeyedProcessFunction) -> None:
+        self._keyed = keyed
+        self._func = func
+        self._env = keyed._upstream._env
+
+    def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None,
+                            *, savepoint_dir: str | None = None) -> CollectResult:
+        """Run the job and return its (exactly-once) outputs.
+
+        ``limit`` stops (cancels) the job once at least that many outputs are committed (all
+        committed outputs are returned, since the checkpoints hold their state);
+        ``savepoint_dir`` takes a savepoint when the job stops.
+        """
+        job = LocalJob(self, job_execution_name, limit, savepoint_dir, sink=None)
+        return job.run()
+
+    def add_sink(self, sink: Callable[[Any], None]) -> ProcessedStream:
+        """Deliver committed outputs to ``sink`` when ``env.execute()`` runs."""
+        self._env.__dict__.setdefault("_sinks", []).append((self, sink))
+        return self
+
+
+class _MapAdapter(KeyedProcessFunction):
+    def __init__(self, func: MapFunction | Callable[[Any], Any]) -> None:
+        self.func = func
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        if isinstance(self.func, MapFunction):
+            self.func.open(runtime_context)
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Iterable[Any]:
+        return (self.func.map(value) if isinstance(self.func, MapFunction) else self.func(value),)
+
+    def close(self) -> None:
+        if isinstance(self.func, MapFunction):
+            self.func.close()
+
+
+class _FlatMapAdapter(_MapAdapter):
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Iterable[Any]:
+        out = (self.func.flat_map(value) if isinstance(self.func, FlatMapFunction)  # type: ignore[union-attr]
+               else self.func(value))  # type: ignore[operator]
+        return out or ()

@@ -1,0 +1,359 @@
+"""The local runner's job: keyed stateful pipelines without Spark, with Flink's checkpoint and
+restart semantics.
+
+A :class:`LocalJob` runs ``parallelism`` partitions in this process, routed by key group.  The
+source position and every partition's state go into each checkpoint; outputs are released only
+when the checkpoint covering them completes, so after a failure the job restores the latest
+checkpoint, replays the source from its position, and neither state nor collected output sees an
+element twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from statekit import values as cfg
+from statekit.backends.base import KeyedStateBackend
+from statekit.checkpoint.config import ExternalizedCheckpointCleanup
+from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.savepoint import Savepoint, open_external
+from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
+from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
+from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext
+from statekit.runtime.restart import RestartTracker
+from statekit.serde.keygroups import (
+    KeyGroupRange,
+    key_group_for_bytes,
+    key_group_range_for_operator,
+)
+from statekit.serde.types import serializer_for
+from statekit.state.limits import MAX_KEY_SIZE_KEY, MAX_VALUE_SIZE_KEY
+
+if TYPE_CHECKING:
+    from statekit.runtime.datastream import ProcessedStream
+
+log = logging.getLogger("statekit.runtime")
+
+OPERATOR = "keyed-process"
+
+
+class CollectResult(list):  # type: ignore[type-arg]
+    """Outputs of a job, plus what a caller needs to resume or inspect it."""
+
+    job_id: str
+    restarts: int
+    checkpoint_stats: list[CheckpointStats]
+    retained_checkpoints: list[str]
+    savepoint_path: str | None
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """Path of the newest retained checkpoint (for ``execution.savepoint.path``), if any."""
+        return self.retained_checkpoints[-1] if self.retained_checkpoints else None
+
+
+@dataclass
+class _Task:
+    index: int
+    name: str
+    key_group_range: KeyGroupRange
+    backend: KeyedStateBackend
+    func: KeyedProcessFunction
+    ctx: KeyedProcessFunction.Context
+
+
+@dataclass
+class _RestorePoint:
+    metadata: dict[str, Any]
+    reader: StateReader
+    path: str
+
+
+class _UserFailure(Exception):
+    """Wraps an exception raised by user code so the runner can tell it from its own."""
+
+
+@dataclass
+class _Outputs:
+    """Outputs waiting for the checkpoint that covers them, and those already committed."""
+
+    committed: list[Any] = field(default_factory=list)
+    open: list[Any] = field(default_factory=list)
+    by_checkpoint: dict[int, list[Any]] = field(default_factory=dict)
+    sink: Callable[[Any], None] | None = None
+
+    def barrier(self, checkpoint_id: int) -> None:
+        self.by_checkpoint[checkpoint_id] = self.open
+        self.open = []
+
+    def commit_through(self, checkpoint_id: int) -> None:
+        for cid in sorted(c for c in self.by_checkpoint if c <= checkpoint_id):
+            self.release(self.by_checkpoint.pop(cid))
+
+    def release(self, items: list[Any]) -> None:
+        if self.sink is not None:
+            for item in items:
+                self.sink(item)
+        self.committed.extend(items)
+
+    def discard_uncommitted(self) -> None:
+        self.open = []
+        self.by_checkpoint.clear()
+
+
+class LocalJob:
+    """One execution of a keyed pipeline, with restarts per the environment's restart strategy."""
+
+    def __init__(self, stream: ProcessedStream, name: str | None, limit: int | None,
+                 savepoint_dir: str | None, sink: Callable[[Any], None] | None) -> None:
+        self.env = stream._env
+        keyed = stream._keyed
+        self.source = keyed._upstream._source
+        self.transforms = keyed._upstream._transforms
+        self.selector = keyed._selector
+        self.key_serializer = serializer_for(keyed._key_type)
+        self.func = stream._func
+        self.name = name or "statekit job"
+        self.limit = limit
+        self.savepoint_dir = savepoint_dir
+        self.job_id = uuid.uuid4().hex
+        self.parallelism = self.env.get_parallelism()
+        self.max_parallelism = self.env.effective_max_parallelism()
+        if self.parallelism > self.max_parallelism:
+            raise ConfigError("parallelism.default",
+                              f"{self.parallelism} exceeds max parallelism {self.max_parallelism}")
+        self.backend_factory = self.env.resolved_state_backend()
+        self.checkpoint_config = self.env.get_checkpoint_config()
+        self.storage = self.env.resolved_checkpoint_storage()
+        self.access: CheckpointStorageAccess = self.storage.create_access(self.job_id)
+        self.outputs = _Outputs(sink=sink)
+        self.stats: list[CheckpointStats] = []
+
+    # --- the job --------------------------------------------------------------------------------
+
+    def run(self) -> CollectResult:
+        restore = self._initial_restore_point()
+        tracker = RestartTracker(self.env.get_restart_strategy())
+        next_checkpoint = 1 + int(restore.metadata.get("checkpoint_id", 0)) if restore else 1
+        attempt = 0
+        while True:
+            coordinator = CheckpointCoordinator(
+                self.checkpoint_config, self.access,
+                transfer_threads=_transfer_threads(self.backend_factory),
+                first_checkpoint_id=next_checkpoint, on_complete=self.outputs.commit_through,
+            )
+            tasks: list[_Task] = []
+            try:
+                tasks = self._create_tasks(restore, attempt)
+                position = self._process(tasks, coordinator, restore)
+                savepoint = self._stop(tasks, coordinator, position)
+                return self._result(coordinator, attempt, savepoint)
+            except (_UserFailure, CheckpointError) as exc:
+                cause = exc.__cause__ if isinstance(exc, _UserFailure) else exc
+                coordinator.shutdown()
+                self.stats.extend(coordinator.stats)
+                next_checkpoint = coordinator.next_id
+                self.outputs.discard_uncommitted()
+                delay = tracker.next_delay_ms()
+                if delay is None:
+                    raise JobExecutionError(
+                        f"job {self.name!r} failed after {attempt} restart(s) "
+                        f"({tracker.strategy.describe()}): {type(cause).__name__}: {cause}"
+                    ) from cause
+                log.warning("job %s failed (%s); restarting in %d ms", self.job_id, cause, delay)
+                time.sleep(delay / 1000)
+                found = self.access.latest_valid(coordinator.retained, self._recover_from_older()
+                                                 ) if coordinator.retained else None
+                if found is not None:
+                    latest, metadata = found
+                    restore = _RestorePoint(metadata, self.access.reader(),
+                                            self.access.checkpoint_path(latest))
+                attempt += 1
+            finally:
+                for task in tasks:
+                    task.backend.dispose()
+
+    def _initial_restore_point(self) -> _RestorePoint | None:
+        path = self.env.get_configuration().get("execution.savepoint.path")
+        if not path:
+            return None
+        metadata, reader = open_external(
+            str(path), getattr(self.storage, "storage_options", None),
+            getattr(self.storage, "retry", None), fallback_to_older=self._recover_from_older())
+        recorded = int(metadata.get("max_parallelism", self.max_parallelism))
+        if recorded != self.max_parallelism:
+            raise ConfigError(
+                "pipeline.max-parallelism",
+                f"the checkpoint at {path} was taken with max parallelism {recorded}; "
+                f"restoring needs the same value, not {self.max_parallelism}",
+            )
+        return _RestorePoint(metadata, reader, str(path))
+
+    def _size_limits(self) -> tuple[int | None, int | None]:
+        """Configured ``state.backend.max-key-size`` / ``max-value-size`` (None: default)."""
+        conf = self.env.get_configuration()
+        return (cfg.get(conf, MAX_KEY_SIZE_KEY, cfg.parse_size),
+                cfg.get(conf, MAX_VALUE_SIZE_KEY, cfg.parse_size))
+
+    def _recover_from_older(self) -> bool:
+        """Whether a damaged newest checkpoint may be skipped for an older intact one."""
+        return bool(cfg.get(self.env.get_configuration(), RECOVER_FROM_OLDER_KEY, cfg.parse_bool, False))
+
+    def _create_tasks(self, restore: _RestorePoint | None, attempt: int) -> list[_Task]:
+        tasks = []
+        for index in range(self.parallelism):
+            rng = key_group_range_for_operator(self.max_parallelism, self.parallelism, index)
+            backend = self.backend_factory.create_keyed_state_backend(
+                key_serializer=self.key_serializer, key_group_range=rng,
+                max_parallelism=self.max_parallelism, operator_id=OPERATOR,
+            )
+            backend.set_size_limits(*self._size_limits())
+            name = f"{OPERATOR}-{index}"
+            task = _Task(index, name, rng, backend, copy.deepcopy(self.func),
+                         KeyedProcessFunction.Context(backend))
+            tasks.append(task)
+            if restore is not None:
+                handles = [
+                    h for h in restore.metadata.get("tasks", {}).values()
+                    if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))
+                ]
+                backend.restore(handles, restore.reader)
+            context = RuntimeContext(backend, name, index, self.parallelism,
+                                     self.max_parallelism, attempt)
+            try:
+                task.func.open(context)
+            except StatekitError:
+                raise
+            except Exception as exc:
+                raise _UserFailure() from exc
+        return tasks
+
+    def _process(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
+                 restore: _RestorePoint | None) -> int:
+        """Run the source to its end or until ``limit`` outputs are committed; the position."""
+        position = int(restore.metadata.get("source", {}).get("offset", 0)) if restore else 0
+        source, transforms = self.source, self.transforms
+        maxp, p = self.max_parallelism, self.parallelism
+        serialize, selector = self.key_serializer.serialize, self.selector
+        outputs = self.outputs
+        checkpointing = self.checkpoint_config.is_checkpointing_enabled()
+        while position < len(source):
+            elements: Iterable[Any] = (source[position],)
+            for transform in transforms:
+                elements = [out for e in elements for out in transform(e)]
+            position += 1
+            for element in elements:
+                try:
+                    key = selector(element)
+                    task = tasks[key_group_for_bytes(serialize(key), maxp) * p // maxp]
+                    task.backend.set_current_key(key)
+                    produced = task.func.process_element(element, task.ctx)
+                    if produced is not None:
+                        outputs.open.extend(produced)
+                except Exception as exc:
+                    raise _UserFailure() from exc
+            if not checkpointing:
+                outputs.release(outputs.open)
+                outputs.open = []
+            else:
+                if coordinator.pending:
+                    coordinator.poll()
+                if coordinator.due():
+                    self._checkpoint(tasks, coordinator, position)
+            if self.limit is not None and len(outputs.committed) >= self.limit:
+                return position
+        if checkpointing:  # a final checkpoint, so a later run can resume at the end of input
+            self._checkpoint(tasks, coordinator, position)
+        coordinator.poll(wait=True)
+        return position
+
+    def _checkpoint(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
+                    position: int) -> int:
+        payload = self._payload(position)
+        cid = coordinator.next_id
+        self.outputs.barrier(cid)
+        coordinator.trigger({t.name: t.backend for t in tasks}, payload)
+        return cid
+
+    def _payload(self, position: int) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "job_name": self.name,
+            "source": {"offset": position},
+            "max_parallelism": self.max_parallelism,
+            "parallelism": self.parallelism,
+            "backend": self.backend_factory.name,
+        }
+
+    def _stop(self, tasks: list[_Task], coordinator: CheckpointCoordinator, position: int
+              ) -> str | None:
+        """Take the stop savepoint if asked (releasing outputs up to it), close the functions
+        and apply the cancellation retention to the checkpoints."""
+        savepoint = None
+        if self.savepoint_dir is not None:
+            savepoint = self._savepoint(tasks, coordinator.next_id, position)
+            self.outputs.commit_through(coordinator.next_id)
+            self.outputs.release(self.outputs.open)
+            self.outputs.open = []
+        for task in tasks:
+            try:
+                task.func.close()
+            except Exception as exc:
+                raise _UserFailure() from exc
+        coordinator.shutdown()
+        retain = (self.checkpoint_config.get_externalized_checkpoint_retention()
+                  == ExternalizedCheckpointCleanup.RETAIN_ON_CANCELLATION)
+        if not retain:
+            for cid in list(coordinator.retained):
+                self.access.discard(cid, [])
+            coordinator.retained.clear()
+        return savepoint
+
+    def _savepoint(self, tasks: list[_Task], checkpoint_id: int, position: int) -> str:
+        """A self-contained, backend-neutral savepoint of the live state (stop-with-savepoint)."""
+        savepoint = Savepoint(self.savepoint_dir, self.job_id,  # type: ignore[arg-type]
+                              getattr(self.storage, "storage_options", None),
+                              getattr(self.storage, "retry", None))
+        threshold = getattr(self.storage, "get_min_file_size_threshold", lambda: 20 * 1024)()
+        handles = {
+            task.name: task.backend.snapshot(
+                checkpoint_id, savepoint.streams(task.name, threshold), savepoint=True
+            ).run()
+            for task in tasks
+        }
+        body = {**self._payload(position), "tasks": handles, "checkpoint_id": checkpoint_id,
+                "timestamp": int(time.time() * 1000)}
+        return savepoint.commit(body)
+
+    def _result(self, coordinator: CheckpointCoordinator, attempt: int, savepoint: str | None
+                ) -> CollectResult:
+        self.stats.extend(coordinator.stats)
+        # every committed output, also past ``limit``: the state behind them is in the retained
+        # checkpoints and savepoint, so dropping them here would lose them for good
+        result = CollectResult(self.outputs.committed)
+        result.job_id = self.job_id
+        result.restarts = attempt
+        result.checkpoint_stats = self.stats
+        result.retained_checkpoints = [self.access.checkpoint_path(c) for c in coordinator.retained]
+        result.savepoint_path = savepoint
+        return result
+
+
+def _transfer_threads(backend: Any) -> int:
+    getter = getattr(backend, "get_number_of_transfering_threads", None)
+    return int(getter()) if callable(getter) else 1
+
+
+def run_sinks(env: Any, job_name: str | None) -> list[CollectResult]:
+    """Run each stream registered with ``add_sink`` as its own job."""
+    results = []
+    for stream, sink in env.__dict__.pop("_sinks", []):
+        results.append(LocalJob(stream, job_name, None, None, sink=sink).run())
+    return results
