@@ -1,4 +1,4 @@
-"""A local SparkSession for demos, tests and benchmarks: loopback only, quiet, small."""
+"""SparkSessions for demos, tests and benchmarks: local (loopback only) or on a standalone cluster."""
 
 from __future__ import annotations
 
@@ -11,31 +11,74 @@ from typing import Any
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def local_spark(master: str = "local[2]", app_name: str = "statekit",
-                conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2) -> Any:
-    """A local-mode session whose Python workers run this interpreter; nothing leaves 127.0.0.1."""
+def _builder(master: str, app_name: str, driver_host: str, shuffle_partitions: int,
+             warehouse_dir: str) -> Any:
+    """The settings local and cluster sessions share (RocksDB state store, Arrow, no UI)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("SPARK_LOCAL_HOSTNAME", "localhost")
     from pyspark.sql import SparkSession
 
-    builder = (
+    return (
         SparkSession.builder.master(master).appName(app_name)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", driver_host)
+        .config("spark.driver.bindAddress", driver_host)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", "2")
-        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="statekit-warehouse-"))
+        .config("spark.sql.warehouse.dir", warehouse_dir)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.eventLog.enabled", "false")
     )
+
+
+def _create(builder: Any, conf: Mapping[str, Any] | None) -> Any:
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def local_spark(master: str = "local[2]", app_name: str = "statekit",
+                conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2) -> Any:
+    """A local-mode session whose Python workers run this interpreter; nothing leaves 127.0.0.1."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_LOCAL_HOSTNAME", "localhost")
+    builder = _builder(master, app_name, "127.0.0.1", shuffle_partitions,
+                       tempfile.mkdtemp(prefix="statekit-warehouse-"))
+    return _create(builder, conf)
+
+
+def cluster_spark(master_url: str, driver_host: str, app_name: str = "statekit-cluster",
+                  conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2,
+                  local_dir: str | None = None, executor_memory: str = "700m",
+                  executor_cores: int = 1) -> Any:
+    """A client-mode session on a standalone master, with ``local_spark``'s settings.
+
+    The driver binds and advertises ``driver_host`` (the address executors reach it on, e.g. the
+    bridge of :class:`statekit.testing.sparkcluster.SparkCluster`); executors run this interpreter
+    (``PYSPARK_PYTHON``, so the filesystem must be shared).  Scratch space and the warehouse go to
+    ``local_dir`` when given, so whoever owns that directory removes them.
+    """
+    warehouse = os.path.join(local_dir, "warehouse") if local_dir else tempfile.mkdtemp(
+        prefix="statekit-warehouse-")
+    builder = (_builder(master_url, app_name, driver_host, shuffle_partitions, warehouse)
+               .config("spark.executor.cores", str(executor_cores))
+               .config("spark.executor.memory", executor_memory))
+    if local_dir:
+        builder = builder.config("spark.local.dir", local_dir)
+    # A driver JVM launched now must not scan interfaces and reverse-resolve their addresses (a DNS
+    # query for an address missing from /etc/hosts): give it its address, for this launch only.
+    saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME")}
+    os.environ.update(SPARK_LOCAL_IP=driver_host, SPARK_LOCAL_HOSTNAME=driver_host)
+    try:
+        return _create(builder, conf)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
