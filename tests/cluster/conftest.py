@@ -1,9 +1,11 @@
 """Fixtures of the cluster tests (``make test-cluster``, ``pytest -m cluster``; not in ``make test``).
 
-One Spark standalone cluster per session - a Master and two Workers (1 core, 1 GiB), each Worker
-in its own network namespace on a bridge where the machine allows it (see
+One Spark standalone cluster for this package's tests - a Master and two Workers (1 core, 1 GiB),
+each Worker in its own network namespace on a bridge where the machine allows it (see
 :mod:`statekit.testing.sparkcluster`) - with one driver session and one S3 server on the bridge.
-Every test in this directory is marked ``cluster``.
+The fixtures are package-scoped: the cluster is gone, and its session stopped, before the Spark
+tests of other packages run in the same process.  Every test in this directory is marked ``cluster``;
+``STATEKIT_CLUSTER_ISOLATE=0`` runs the Workers on loopback.
 """
 
 import os
@@ -44,9 +46,9 @@ def new_cluster(isolate: bool | None = None) -> SparkCluster:
                         isolate=isolate)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark_cluster():
-    """The session's cluster, started once; stopped (and checked to leave nothing) at the end."""
+    """The cluster, started once; stopped (and checked to leave nothing) after this package."""
     cluster = new_cluster()
     cluster.start()
     ISOLATION.append("Workers in network namespaces" if cluster.isolated
@@ -60,7 +62,7 @@ def spark_cluster():
         assert cluster.leftovers() == []
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster_session(spark_cluster):
     """The driver: this process's SparkSession on the cluster, with an executor on each Worker."""
     began = time.monotonic()
@@ -82,7 +84,7 @@ def spark(spark_cluster, cluster_session):
     return cluster_session
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster_s3(spark_cluster):
     """A moto S3 server on the driver's bridge address, which executors in every namespace reach."""
     with LocalS3Server(host=spark_cluster.driver_host) as server:

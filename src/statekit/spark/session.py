@@ -42,6 +42,16 @@ def _create(builder: Any, conf: Mapping[str, Any] | None) -> Any:
     return spark
 
 
+def forget_local_dirs() -> None:
+    """A driver JVM keeps the local dirs of its first session for its lifetime (Spark caches them):
+    forget them while no session runs, so the next one uses its own ``spark.local.dir`` and a
+    removed directory is not created again."""
+    from pyspark import SparkContext
+
+    if SparkContext._jvm is not None and SparkContext._active_spark_context is None:
+        getattr(getattr(SparkContext._jvm.org.apache.spark.util, "Utils$"), "MODULE$").clearLocalRootDirs()
+
+
 def local_spark(master: str = "local[2]", app_name: str = "statekit",
                 conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2) -> Any:
     """A local-mode session whose Python workers run this interpreter; nothing leaves 127.0.0.1."""
@@ -61,8 +71,15 @@ def cluster_spark(master_url: str, driver_host: str, app_name: str = "statekit-c
     The driver binds and advertises ``driver_host`` (the address executors reach it on, e.g. the
     bridge of :class:`statekit.testing.sparkcluster.SparkCluster`); executors run this interpreter
     (``PYSPARK_PYTHON``, so the filesystem must be shared).  Scratch space and the warehouse go to
-    ``local_dir`` when given, so whoever owns that directory removes them.
+    ``local_dir`` when given, so whoever owns that directory removes them.  An active session on
+    another master is stopped first (one SparkContext per process; getOrCreate would return it).
     """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master != master_url:
+        (SparkSession.getActiveSession() or active).stop()
     warehouse = os.path.join(local_dir, "warehouse") if local_dir else tempfile.mkdtemp(
         prefix="statekit-warehouse-")
     builder = (_builder(master_url, app_name, driver_host, shuffle_partitions, warehouse)
@@ -70,6 +87,7 @@ def cluster_spark(master_url: str, driver_host: str, app_name: str = "statekit-c
                .config("spark.executor.memory", executor_memory))
     if local_dir:
         builder = builder.config("spark.local.dir", local_dir)
+        forget_local_dirs()
     # A driver JVM launched now must not scan interfaces and reverse-resolve their addresses (a DNS
     # query for an address missing from /etc/hosts): give it its address, for this launch only.
     saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME")}

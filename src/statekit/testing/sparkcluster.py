@@ -1,27 +1,26 @@
 """A real Spark standalone cluster for tests: a Master and Workers run from the installed pyspark.
 
 ``with SparkCluster(workers=2, pythonpath=[repo]) as cluster: spark = cluster.session()`` starts a
-Master and ``workers`` Workers (1 core, 1 GiB each, own ``--work-dir`` and ``SPARK_LOCAL_DIRS``, all
-under one temporary directory the cluster owns) and connects this process to it as the driver.
+Master and Workers (1 core, 1 GiB each, own ``--work-dir`` and ``SPARK_LOCAL_DIRS``, all under one
+temporary directory the cluster owns) and connects this process to it as the driver.
 
-Isolation.  Where the machine allows it (root and ``ip netns``), every Worker runs in its own
-network namespace, joined by a veth pair to a Linux bridge the cluster creates, with private
-addresses on ``10.213.<n>.0/24`` (a ``<n>`` no interface or route here uses): the bridge is ``.1`` -
-the driver and the Master listen there - and Worker ``i`` is ``.(10+i)``.  Executors are then
-really on other hosts than the driver: they reach the driver, and any server a test starts, only
-on the bridge address (127.0.0.1 in a task is the namespace's own loopback), and with no default
-route in the namespaces nothing beyond the bridge is reachable.  Elsewhere (not root, no ``ip``)
-the Workers run on 127.0.0.1; :attr:`SparkCluster.isolated` says which, and a warning is issued.
+Isolation.  As root with ``ip netns``, every Worker runs in its own network namespace, joined by a
+veth pair to a bridge the cluster creates on a private ``10.213.<n>.0/24`` no interface or route
+here uses: the bridge is ``.1`` (the driver and the Master listen there), Worker ``i`` is
+``.(10+i)``.  Executors are then on other hosts than the driver: they reach it, and any server a
+test starts, only on the bridge address (127.0.0.1 in a task is the namespace's own loopback), and
+without a default route nothing beyond the bridge.  Elsewhere the Workers run on 127.0.0.1;
+:attr:`SparkCluster.isolated` says which, and a warning is issued.
 
 Teardown.  Every process the cluster starts carries ``STATEKIT_CLUSTER=<tag>`` in its environment
 (Workers also ``STATEKIT_CLUSTER_WORKER=<tag>-<i>``), inherited by executor JVMs and their Python
 workers, so :meth:`~SparkCluster.kill_worker` and :meth:`~SparkCluster.stop` find them all, also
 after they left the Worker's process group (PySpark's daemon calls ``setpgid``) or were
-re-parented.  JVMs run with ``-XX:-UsePerfData`` and their temp dir under the cluster's directory,
-and resolve names from a hosts file of the cluster (never DNS), so nothing lands in /tmp and
-nothing but loopback and the bridge is contacted.  Masters and Workers die with the thread that
-started them (``setpriv --pdeathsig``; start them from a long-lived thread), and names carry the
-owner's pid: :func:`sweep_stale` removes what a test run killed outright left behind.
+re-parented.  JVMs run without hsperfdata, with their temp dir in the cluster's directory and a
+hosts file of the cluster (never DNS): nothing lands in /tmp, nothing but loopback and the bridge
+is contacted.  Masters and Workers die with the thread that started them (``setpriv
+--pdeathsig``), and names carry the owner's pid: :func:`sweep_stale` removes what a test run
+killed outright left behind.
 """
 
 from __future__ import annotations
@@ -183,7 +182,7 @@ class SparkCluster:
             7078 if self.isolated else _free_port("127.0.0.1"),
             f"statekit-{self.tag}-w{i}" if self.isolated else None, self.root / f"worker-{i}")
             for i in range(workers)]
-        self.master: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # the Master's
         self.timings: dict[str, float] = {}
 
     @property
@@ -201,7 +200,6 @@ class SparkCluster:
                 return n
         raise RuntimeError(f"no free /24 in {SUBNET_PREFIX}.0.0/16")
 
-    # --- start / stop ----------------------------------------------------------------------------
 
     def start(self) -> SparkCluster:
         """Network, Master, Workers; returns when every Worker registered (~5-10 s)."""
@@ -218,7 +216,7 @@ class SparkCluster:
             (self.root / "hosts").write_text("\n".join(hosts) + "\n")
             if self.isolated:
                 self._create_network()
-            self.master = self._spawn("master", self.driver_host, None, {}, [
+            self.process = self._spawn("master", self.driver_host, None, {}, [
                 "org.apache.spark.deploy.master.Master", "--host", self.driver_host,
                 "--port", str(self.master_port), "--webui-port", str(self.ui_port)])
             # a Worker that finds no Master retries only after 5-15 s: start them once it answers
@@ -257,19 +255,26 @@ class SparkCluster:
 
     def _stop_session(self) -> None:
         from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        from statekit.spark.session import forget_local_dirs
 
         active = SparkContext._active_spark_context
         if active is not None and active.master == self.master_url:
-            from pyspark.sql import SparkSession
-
-            session = SparkSession.getActiveSession()
-            (session or active).stop()
+            (SparkSession.getActiveSession() or active).stop()
+        forget_local_dirs()
+        if SparkContext._jvm is not None:  # a JVM our session launched keeps its conf as properties
+            system, ours = SparkContext._jvm.java.lang.System, [str(self.root), self.master_url]
+            ours += [self.driver_host] if self.isolated else []
+            for key in list(system.getProperties().stringPropertyNames()):
+                if key.startswith("spark.") and any(o in str(system.getProperty(key)) for o in ours):
+                    system.clearProperty(key)  # or the driver JVM creates our (removed) local dir again
 
     def _reap(self) -> None:
-        for process in [self.master, *(w.process for w in self.workers)]:
+        for process in [self.process, *(w.process for w in self.workers)]:
             if process is not None:
                 process.wait(10)
-        self.master = None
+        self.process = None
         for worker in self.workers:
             worker.process = None
 
@@ -304,7 +309,6 @@ class SparkCluster:
         if self.bridge and f"{self.bridge}:" in _ip("-o", "link", "show"):
             _ip("link", "del", self.bridge)
 
-    # --- processes -------------------------------------------------------------------------------
 
     def _env(self, name: str, address: str, extra: Mapping[str, str]) -> dict[str, str]:
         import pyspark
@@ -376,7 +380,6 @@ class SparkCluster:
         """``subprocess.run`` of ``argv`` in Worker ``i``'s network namespace."""
         return subprocess.run(self.worker_command(i, argv), check=kwargs.pop("check", False), **kwargs)
 
-    # --- state -----------------------------------------------------------------------------------
 
     def master_state(self) -> dict[str, Any]:
         """The Master's JSON status (workers, applications)."""
@@ -400,7 +403,7 @@ class SparkCluster:
 
     def _check_processes(self) -> bool:
         """Raise with its log if a started Master or Worker exited; else False."""
-        for name, process in [("master", self.master), *((f"worker-{w.index}", w.process)
+        for name, process in [("master", self.process), *((f"worker-{w.index}", w.process)
                                                         for w in self.workers)]:
             if process is not None and process.poll() is not None:
                 raise RuntimeError(f"{name} exited ({process.returncode}):\n{self.log_tail(name)}")
