@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-local test test-slow lint bench clean
+.PHONY: demo demo-local test test-slow test-cluster lint bench clean
 
 $(STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) VENV=$(VENV) tools/setup-venv
@@ -17,10 +17,13 @@ demo-local: $(STAMP)  ## the same kind of job on the local runner (no Spark)
 	$(PY) -m statekit.demo.local_demo
 
 test: $(STAMP)  ## the default test run (heavier tests are marked slow)
-	$(PY) -m pytest -m "not slow" -q -p no:cacheprovider --timeout=900
+	$(PY) -m pytest -m "not slow and not cluster" -q -p no:cacheprovider --timeout=900
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q -p no:cacheprovider --timeout=3600
+
+test-cluster: $(STAMP)  ## Spark standalone cluster tests (Workers in network namespaces as root; ~2-3 min)
+	$(PY) -m pytest -m cluster -q -p no:cacheprovider --timeout=900 --durations=0 -rA
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,5 +1,5 @@
-"""A local SparkSession for demos, tests and benchmarks: loopback only, quiet, small; and the
-driver-side clean-up of what statekit's Spark workers leave behind."""
+"""SparkSessions for demos, tests and benchmarks: local (loopback only) or on a standalone cluster;
+and the driver-side clean-up of what statekit's Spark workers leave behind."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 from statekit import workdirs
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
 #: Spark loggers that report a stopped query's interrupted work as ERROR (a broadcast or a
 #: transformWithStateInPandas state-server socket cut short by ``query.stop()``)
 STOP_NOISE_LOGGERS = (
@@ -36,39 +35,99 @@ _roots: set[str] = set()
 _roots_lock = threading.Lock()
 
 
-def local_spark(master: str = "local[2]", app_name: str = "statekit",
-                conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2) -> Any:
-    """A local-mode session whose Python workers run this interpreter; nothing leaves 127.0.0.1.
-
-    Its warehouse directory is a temporary one removed when this process ends.
-    """
+def _builder(master: str, app_name: str, driver_host: str, shuffle_partitions: int,
+             warehouse_dir: str) -> Any:
+    """The settings local and cluster sessions share (RocksDB state store, Arrow, no UI)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("SPARK_LOCAL_HOSTNAME", "localhost")
     from pyspark.sql import SparkSession
 
-    warehouse = workdirs.create(tempfile.gettempdir(), "statekit-warehouse-")
-    builder = (
+    return (
         SparkSession.builder.master(master).appName(app_name)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", driver_host)
+        .config("spark.driver.bindAddress", driver_host)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", "2")
-        .config("spark.sql.warehouse.dir", str(warehouse))
+        .config("spark.sql.warehouse.dir", warehouse_dir)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.eventLog.enabled", "false")
     )
+
+
+def _create(builder: Any, conf: Mapping[str, Any] | None) -> Any:
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     quiet_stop_noise(spark, FAILURE_LOGGERS)
     return spark
+
+
+def forget_local_dirs() -> None:
+    """A driver JVM keeps the local dirs of its first session for its lifetime (Spark caches them):
+    forget them while no session runs, so the next one uses its own ``spark.local.dir`` and a
+    removed directory is not created again."""
+    from pyspark import SparkContext
+
+    if SparkContext._jvm is not None and SparkContext._active_spark_context is None:
+        getattr(getattr(SparkContext._jvm.org.apache.spark.util, "Utils$"), "MODULE$").clearLocalRootDirs()
+
+
+def local_spark(master: str = "local[2]", app_name: str = "statekit",
+                conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2) -> Any:
+    """A local-mode session whose Python workers run this interpreter; nothing leaves 127.0.0.1.
+
+    Its warehouse directory is a temporary one removed when this process ends.
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("SPARK_LOCAL_HOSTNAME", "localhost")
+    builder = _builder(master, app_name, "127.0.0.1", shuffle_partitions,
+                       str(workdirs.create(tempfile.gettempdir(), "statekit-warehouse-")))
+    return _create(builder, conf)
+
+
+def cluster_spark(master_url: str, driver_host: str, app_name: str = "statekit-cluster",
+                  conf: Mapping[str, Any] | None = None, shuffle_partitions: int = 2,
+                  local_dir: str | None = None, executor_memory: str = "700m",
+                  executor_cores: int = 1) -> Any:
+    """A client-mode session on a standalone master, with ``local_spark``'s settings.
+
+    The driver binds and advertises ``driver_host`` (the address executors reach it on, e.g. the
+    bridge of :class:`statekit.testing.sparkcluster.SparkCluster`); executors run this interpreter
+    (``PYSPARK_PYTHON``, so the filesystem must be shared).  Scratch space and the warehouse go to
+    ``local_dir`` when given, so whoever owns that directory removes them.  An active session on
+    another master is stopped first (one SparkContext per process; getOrCreate would return it).
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master != master_url:
+        (SparkSession.getActiveSession() or active).stop()
+    warehouse = os.path.join(local_dir, "warehouse") if local_dir else str(
+        workdirs.create(tempfile.gettempdir(), "statekit-warehouse-"))
+    builder = (_builder(master_url, app_name, driver_host, shuffle_partitions, warehouse)
+               .config("spark.executor.cores", str(executor_cores))
+               .config("spark.executor.memory", executor_memory))
+    if local_dir:
+        builder = builder.config("spark.local.dir", local_dir)
+        forget_local_dirs()
+    # A driver JVM launched now must not scan interfaces and reverse-resolve their addresses (a DNS
+    # query for an address missing from /etc/hosts): give it its address, for this launch only.
+    saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME")}
+    os.environ.update(SPARK_LOCAL_IP=driver_host, SPARK_LOCAL_HOSTNAME=driver_host)
+    try:
+        return _create(builder, conf)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def quiet_stop_noise(spark: Any, also: tuple[str, ...] = ()) -> None:

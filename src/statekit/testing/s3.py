@@ -1,8 +1,10 @@
 """A local S3 API server for tests: moto's server mode in a subprocess on 127.0.0.1.
 
 ``with LocalS3Server() as s3: s3.create_bucket("b"); FileSystemCheckpointStorage("s3://b/x",
-storage_options=s3.storage_options())``.  The server binds to 127.0.0.1 only; clients get fixed
-dummy credentials so botocore never looks for real ones (no instance-metadata lookups).
+storage_options=s3.storage_options())``.  The server binds to 127.0.0.1 only, or to the one address
+given as ``host`` (e.g. the bridge of a :class:`statekit.testing.sparkcluster.SparkCluster`, which
+executors in other network namespaces reach); clients get fixed dummy credentials so botocore never
+looks for real ones (no instance-metadata lookups).
 """
 
 from __future__ import annotations
@@ -21,31 +23,37 @@ REGION = "us-east-1"
 
 # never route requests to the local server through a proxy from the environment
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# moto's server; http.server's bind looks its own address up (socket.getfqdn), which for an address
+# missing from /etc/hosts (a bridge's) is a reverse DNS query: skip that, so nothing is contacted
+_MOTO_MAIN = ("import socket, sys; socket.getfqdn = lambda name='': name or socket.gethostname(); "
+              "from moto.server import main; main(sys.argv[1:])")
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 class LocalS3Server:
-    """Start/stop moto's S3 server (``python -m moto.server``) on a free 127.0.0.1 port."""
+    """Start/stop moto's S3 server (``python -m moto.server``) on a free port of ``host``."""
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 30.0) -> None:
-        self.port = port or _free_port()
+    def __init__(self, port: int | None = None, startup_timeout: float = 30.0,
+                 host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or _free_port(host)
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> LocalS3Server:
         """Launch the server and wait until it answers (typically 1-2 s)."""
         env = {**os.environ, **self.client_env()}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-c", _MOTO_MAIN, "-H", self.host, "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         )
         deadline = time.monotonic() + self.startup_timeout
@@ -81,7 +89,7 @@ class LocalS3Server:
         return {
             "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_EC2_METADATA_DISABLED": "true", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+            "AWS_EC2_METADATA_DISABLED": "true", "NO_PROXY": self.host, "no_proxy": self.host,
         }
 
     def storage_options(self, **extra: Any) -> dict[str, Any]:
