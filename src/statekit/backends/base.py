@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 
+#: a snapshot handle and the reader of the store it lives in
+RestoreSource = tuple[dict[str, Any], "StateReader"]
+
 NO_KEY: Any = type("NoKey", (), {"__repr__": lambda self: "<no current key>"})()
 
 
@@ -266,9 +269,22 @@ class KeyedStateBackend(ABC):
         ``savepoint=True`` asks for the self-contained backend-neutral format (``KV_FORMAT``).
         """
 
-    @abstractmethod
+    #: snapshot formats :meth:`restore_sources` reads itself, and those of them it can also
+    #: filter by key (others go through :func:`statekit.backends.transfer.restore_into`)
+    native_formats: tuple[str, ...] = ()
+    filterable_formats: tuple[str, ...] = ()
+
     def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
         """Load the key groups of this backend's range from task handles of any partitioning."""
+        self.restore_sources([(handle, reader) for handle in handles])
+
+    @abstractmethod
+    def restore_sources(self, sources: list[RestoreSource], *,
+                        key_filter: Callable[[Any], bool] | None = None,
+                        skip_states: frozenset[str] = frozenset()) -> None:
+        """Load this range's entries from ``(handle, reader)`` pairs of native formats, keeping
+        only keys ``key_filter`` accepts (formats in ``filterable_formats``) and leaving out the
+        states named in ``skip_states``; called once, before any state is registered."""
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable; incremental backends may now use it as a base."""

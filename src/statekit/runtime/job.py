@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekit import values as cfg
 from statekit.backends.base import KeyedStateBackend
+from statekit.backends.transfer import restore_into
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
 from statekit.checkpoint.reader import StateReader
@@ -224,7 +225,8 @@ class LocalJob:
                     h for h in restore.metadata.get("tasks", {}).values()
                     if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))
                 ]
-                backend.restore(handles, restore.reader)
+                # any backend's checkpoint restores into any backend (the one config flag)
+                restore_into(backend, [(h, restore.reader) for h in handles])
             context = RuntimeContext(backend, name, index, self.parallelism,
                                      self.max_parallelism, attempt)
             try:

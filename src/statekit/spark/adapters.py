@@ -23,12 +23,14 @@ from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.spark import reporting, stopping
 from statekit.spark.jobmanager import DriverCheckpointStorage, QueryCheckpointStorage
+from statekit.spark.partitioning import grouping_types, key_types
 from statekit.spark.runner import AdapterSpec, PartitionTask, TaskInfo
 from statekit.spark.session import remember_working_roots
 
 SPARK_PREFIX = "spark.statekit."
 VERSIONS_RETAINED_KEY = "state.partition.versions-retained"
 ALLOW_MISSING_KEY = "execution.state-recovery.allow-missing-state"
+SAVEPOINT_KEY = "execution.savepoint.path"
 
 
 def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -77,7 +79,8 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
 
 
 def _spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
-          operator_id: str | None, conf: Mapping[str, Any] | None) -> tuple[AdapterSpec, Any]:
+          operator_id: str | None, conf: Mapping[str, Any] | None,
+          grouped_df: Any = None) -> tuple[AdapterSpec, Any]:
     """Resolve and check everything a query's tasks need, in the driver, before it starts."""
     if not isinstance(function, Function):
         raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
@@ -104,7 +107,11 @@ def _spec(spark: Any, function: Function, key_columns: list[str], output_schema:
         key_columns=list(key_columns), output_columns=[f.name for f in schema.fields],
         max_parallelism=max_parallelism, versions_retained=retained, conf=flat,
         allow_missing_state=bool(cfg.get(flat, ALLOW_MISSING_KEY, cfg.parse_bool, False)),
+        savepoint_path=flat.get(SAVEPOINT_KEY) or None, rescalable=grouped_df is None,
     )
+    if grouped_df is not None:  # Spark's groupBy shuffle: its partition count is the query's
+        spec.key_types = grouping_types(grouped_df)
+        spec.partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     return spec, schema
 
 
@@ -143,7 +150,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     spark = grouped_df._df.sparkSession
-    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf)  # Spark passes keys
+    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
 
     class StatekitProcessor(StatefulProcessor):
         """Bridges Spark's per-key calls to the statekit function and partition store."""
@@ -214,22 +221,23 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
             raise ConfigError("key", f"columns {missing} are not in the batch "
                                      f"(columns: {batch_df.columns})")
         partitions = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+        types = key_types(batch_df.schema, key_columns)
         out = batch_df.repartition(partitions, *key_columns).mapInArrow(
-            functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema),
-            schema)
+            functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema,
+                              partitions, types), schema)
         sink(out.localCheckpoint(eager=True), batch_id)
 
     return run
 
 
 def _arrow_partition(spec: AdapterSpec, batch_id: int, columns: list[str], schema: Any,
-                     batches: Iterator[Any]) -> Iterator[Any]:
+                     partitions: int, types: list[str], batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema)
-
-    task = PartitionTask(spec, TaskInfo.current(batch_id))
+    info = TaskInfo.current(batch_id)
+    task = PartitionTask(spec, info, spec.scaling(info.partition, partitions, types))
     key_index = [columns.index(c) for c in spec.key_columns]
     out_names = spec.output_columns
     try:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekit.backends.bulk import BulkState
+from statekit.backends.transfer import restore_into
 from statekit.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -45,7 +46,7 @@ from statekit.errors import (
 )
 from statekit.runtime import config as cfg
 from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext, TimerService
-from statekit.runtime.partition import OperatorManifest
+from statekit.runtime.partition import QUERY_BOOKKEEPING, OperatorManifest
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer, packb, unpackb
 from statekit.spark.adapters import _spec
@@ -167,9 +168,16 @@ class PartitionRuntime:
             except (CheckpointNotFoundError, StatekitError):
                 continue
             if self._confirmed([tuple(a) for a in meta.get("attempts", [])], current_batch):
-                backend.restore(list(meta["tasks"].values()), self.access.reader())
+                reader = self.access.reader()
+                restore_into(backend, [(h, reader) for h in meta["tasks"].values()])
                 base_id = sid
                 break
+        if base_id is None and self.spec.savepoint_path:
+            # no snapshot of this query yet: start from the other query's state; the carried
+            # logs hold every change since (none is truncated before a snapshot exists)
+            scaling = self.spec.scaling(self.partition)
+            restore_into(backend, scaling.initial() if scaling.initial else [],
+                         key_filter=scaling.owns, skip_states=QUERY_BOOKKEEPING)
         self.recorder = ChangeRecorder()
         backend.state_interceptor = self.recorder.intercept
         self.backend = backend
@@ -484,7 +492,7 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
     the other adapters run; its state lives in the backend chosen by ``spark.statekit.*`` conf.
     """
     spark = grouped_df._df.sparkSession
-    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf)
+    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
     every = cfg.get(spec.conf, MATERIALIZE_KEY, cfg.parse_int, DEFAULT_MATERIALIZE_EVERY)
     mid_task = cfg.get(spec.conf, MID_TASK_KEY, cfg.parse_int, DEFAULT_MID_TASK_CALLS)
     timeout = str(getattr(timeout_conf, "value", timeout_conf))

@@ -4,6 +4,7 @@ run the user's function over the rows, commit the new version durably, or abort.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 
 from statekit.backends.base import StateBackend
 from statekit.backends.bulk import BulkState
+from statekit.checkpoint.filesystem import s3_options_from_config
 from statekit.checkpoint.storage import CheckpointStorage
 from statekit.errors import StatekitError
 from statekit.runtime.functions import (
@@ -19,9 +21,16 @@ from statekit.runtime.functions import (
     RuntimeContext,
     VectorizedKeyedFunction,
 )
-from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED, PartitionStore, new_attempt_token
+from statekit.runtime.partition import (
+    DEFAULT_VERSIONS_RETAINED,
+    PartitionStore,
+    Scaling,
+    external_sources,
+    new_attempt_token,
+)
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.serde.types import GenericSerializer
+from statekit.spark.partitioning import SparkPartitioner
 
 log = logging.getLogger("statekit.spark")
 
@@ -43,6 +52,25 @@ class AdapterSpec:
     versions_retained: int = DEFAULT_VERSIONS_RETAINED
     conf: dict[str, Any] = field(default_factory=dict)
     allow_missing_state: bool = False
+    #: the key columns' Spark types and the query's partition count where known at the call:
+    #: what Spark's hash partitioning needs to tell which partition owns a key
+    key_types: list[str] | None = None
+    partitions: int | None = None
+    #: whether the partition count may change between runs (foreach_batch's own repartition)
+    rescalable: bool = False
+    #: another query's state this one starts from when it has none (execution.savepoint.path)
+    savepoint_path: str | None = None
+
+    def scaling(self, partition: int, partitions: int | None = None,
+                key_types: list[str] | None = None) -> Scaling:
+        """How ``partition`` relates to the others, for rescaling and starting from a savepoint."""
+        count, types = partitions or self.partitions, key_types or self.key_types
+        owns = SparkPartitioner(types, count).owns(partition) if types and count else None
+        initial = None
+        if self.savepoint_path:
+            initial = functools.partial(external_sources, self.savepoint_path, self.operator_id,
+                                        s3_options_from_config(self.conf))
+        return Scaling(count if self.rescalable else None, owns, initial)
 
     @property
     def vectorized(self) -> bool:
@@ -85,13 +113,13 @@ class TaskInfo:
 class PartitionTask:
     """One task attempt's view of its partition state and function instance."""
 
-    def __init__(self, spec: AdapterSpec, info: TaskInfo) -> None:
+    def __init__(self, spec: AdapterSpec, info: TaskInfo, scaling: Scaling | None = None) -> None:
         self.spec = spec
         self.info = info
         self.store = PartitionStore(
             spec.backend, spec.storage, info.query_id, spec.operator_id, info.partition,
             GenericSerializer(), spec.max_parallelism, spec.versions_retained,
-            spec.allow_missing_state,
+            spec.allow_missing_state, scaling or spec.scaling(info.partition),
         )
         self.backend = self.store.open(info.batch_id, info.attempt_token)
         self.function = copy.deepcopy(spec.function)
