@@ -74,7 +74,7 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     else:
         storage = backend.default_checkpoint_storage() or QueryCheckpointStorage.start(spark, conf)
     if isinstance(storage, JobManagerCheckpointStorage) and storage.get_checkpoint_path() is None:
-        storage = DriverCheckpointStorage.start(storage)
+        storage = DriverCheckpointStorage.start(storage, spark)
     return backend, storage
 
 
@@ -203,7 +203,10 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
     The batch is repartitioned by ``key`` and processed with ``mapInArrow``; each partition
     commits its state at the end of its iterator, before the batch's output is handed to
     ``sink(output_df, batch_id)`` (materialized once, so the sink may read it many times).
+    ``num_partitions`` may change between runs of the query: state follows the keys.
     """
+    from pyspark import StorageLevel
+
     key_columns = [key] if isinstance(key, str) else list(key)
     if not key_columns or not all(isinstance(c, str) and c for c in key_columns):
         raise ConfigError("key", f"expected a column name or a list of them, got {key!r}")
@@ -225,7 +228,15 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         out = batch_df.repartition(partitions, *key_columns).mapInArrow(
             functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema,
                               partitions, types), schema)
-        sink(out.localCheckpoint(eager=True), batch_id)
+        # materialized once, so a sink reading it twice does not run the partitions twice; a
+        # block lost with its executor is recomputed, which commits the same version again
+        # (not localCheckpoint: its blocks cannot be recomputed, a lost worker failed the query)
+        out = out.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            out.count()
+            sink(out, batch_id)
+        finally:
+            out.unpersist()
 
     return run
 
