@@ -5,11 +5,13 @@ and setters, and PyFlink's seed facade :class:`RocksDBStateBackend` (RocksDB plu
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import random
 import re
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rocksdict import Options
@@ -185,6 +187,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     def _instance_dir(self, operator_id: str, key_group_range: KeyGroupRange) -> str:
         roots = self.working_roots()
         root = roots[0] if len(roots) == 1 else random.choice(roots)
+        sweep_legacy(root)
         prefix = f"{safe_name(operator_id)[:64]}-kg{key_group_range.start}-{key_group_range.end}-"
         return str(workdirs.create(root, prefix))  # removed on dispose, at exit, or by a sweep
 
@@ -239,3 +242,33 @@ class RocksDBStateBackend(EmbeddedRocksDBStateBackend):
     def __repr__(self) -> str:
         return (f"RocksDBStateBackend({self._checkpoint_backend!r}, "
                 f"incremental={self.is_incremental_checkpoints_enabled()})")
+
+
+_swept: set[str] = set()
+
+
+def sweep_legacy(root: str) -> None:
+    """Once per process and root: remove working directories earlier statekit versions left
+    (named ``<operator>-kg<a>-<b>-<hex>``, no lock file), idle for 10 minutes, whose database no
+    process holds open (RocksDB's own ``LOCK`` file is free)."""
+    if root in _swept:
+        return
+    _swept.add(root)
+    workdirs.sweep_unowned(root, r".+-kg\d+-\d+-[0-9a-f]{12}", 600, _database_open)
+
+
+def _database_open(path: Path) -> bool:
+    lock = path / "db" / "LOCK"
+    if not lock.exists():
+        return False
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True  # another process has the database open
+    finally:
+        os.close(fd)
+    return False
