@@ -192,3 +192,18 @@ def test_plugin_registration():
     backend_registry.register("mine", MyBackend)
     env = StreamExecutionEnvironment.get_execution_environment({"state.backend.type": "mine"})
     assert isinstance(env.get_state_backend(), MyBackend)
+
+
+def test_documented_defaults_are_the_defaults_readers_get():
+    from statekit import config
+
+    assert cfg.OPTIONS is config.OPTIONS  # the old module path re-exports the ground-floor table
+    for option in config.OPTIONS:
+        if not option.described:
+            assert option.read({}) == option.parse(option.key, option.default), option.key
+    assert config.read({}, "execution.checkpointing.timeout") == CheckpointConfig.DEFAULT_TIMEOUT
+    assert config.read({"pipeline.max-parallelism": "64"}, "pipeline.max-parallelism") == 64
+    assert config.default("state.checkpoints.dir") is None
+    with pytest.raises(ConfigError):
+        config.read({"state.changelog.materialize-every-batches": "0"},
+                    "state.changelog.materialize-every-batches")

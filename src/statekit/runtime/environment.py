@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.config import (
     CheckpointConfig,
@@ -23,7 +24,6 @@ from statekit.checkpoint.storage import (
 )
 from statekit.errors import ConfigError
 from statekit.registry import backend_registry, storage_registry
-from statekit.runtime import config as cfg
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from statekit.serde.types import TypeInformation

@@ -13,10 +13,10 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
 from statekit.errors import ConfigError, StatekitError
-from statekit.runtime import config as cfg
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
 from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED

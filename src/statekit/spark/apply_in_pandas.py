@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.bulk import BulkState
 from statekit.errors import (
     CheckpointNotFoundError,
@@ -43,7 +44,6 @@ from statekit.errors import (
     MissingStateError,
     StatekitError,
 )
-from statekit.runtime import config as cfg
 from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext, TimerService
 from statekit.runtime.partition import OperatorManifest
 from statekit.serde.keygroups import KeyGroupRange
