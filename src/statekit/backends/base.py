@@ -8,9 +8,10 @@ snapshots (rescaling).  The format every backend can read is in :mod:`statekit.b
 
 from __future__ import annotations
 
+import copy
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -114,9 +115,20 @@ class StateBackend(ABC):
         """Checkpoint storage implied by a legacy facade (MemoryStateBackend...); None otherwise."""
         return None
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> StateBackend:
+        """The backend a flat configuration names (``state.backend.type``), with its keys applied.
+
+        The registry builds every backend, built in or not, this way.  By default: the
+        constructor's defaults, then :meth:`configure`; a backend whose constructor needs
+        arguments (a directory, say) overrides this to take them from ``config``.
+        """
+        return cls().configure(dict(config))
+
     def configure(self, config: dict[str, Any]) -> StateBackend:
-        """Apply flat configuration keys this backend understands (override to add some)."""
-        return self
+        """A copy with the flat keys this backend understands applied (override to read some);
+        settings made in code win over keys, and this object is left as it was."""
+        return copy.copy(self)
 
     @abstractmethod
     def create_keyed_state_backend(

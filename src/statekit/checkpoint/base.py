@@ -6,7 +6,9 @@ A storage is a small picklable configuration; :meth:`CheckpointStorage.create_ac
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from statekit.checkpoint.layout import CheckpointStorageAccess
@@ -34,8 +36,20 @@ class CheckpointStorage(ABC):
     def get_savepoint_path(self) -> str | None:
         """Default directory for savepoints, or None."""
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CheckpointStorage:
+        """The storage a flat configuration names (``state.checkpoint-storage``), keys applied.
+
+        The registry builds every storage, built in or not, this way.  By default: the
+        constructor's defaults, then :meth:`configure`; a storage whose constructor needs
+        arguments (a directory, say) overrides this to take them from ``config``.
+        """
+        return cls().configure(dict(config))
+
     def configure(self, config: dict[str, Any]) -> CheckpointStorage:
-        return self
+        """A copy with the flat keys this storage understands applied (override to read some);
+        settings made in code win over keys, and this object is left as it was."""
+        return copy.copy(self)
 
 
 class CustomCheckpointStorage(CheckpointStorage):
@@ -47,6 +61,13 @@ class CustomCheckpointStorage(CheckpointStorage):
                               f"expected a CheckpointStorage, got {type(storage).__name__}")
         self.storage = storage
         self.name = storage.name
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CheckpointStorage:
+        """Configuration names the wrapped storage itself (``state.checkpoint-storage`` takes a
+        class path), so this wrapper is only built in code."""
+        raise ConfigError("state.checkpoint-storage", "CustomCheckpointStorage wraps a storage "
+                          "given in code; name the storage's class (a dotted path) instead")
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         return self.storage.create_access(job_id)

@@ -61,12 +61,7 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     ``FsStateBackend``), else files under each query's Spark checkpoint location, so that state
     is as durable as the query.  JobManager storage lives in the driver's memory.
     """
-    if "state.backend.type" in conf:
-        backend = backend_from_config(conf)
-    else:
-        from statekit.backends.heap import HashMapStateBackend
-
-        backend = HashMapStateBackend().configure(dict(conf))
+    backend = backend_from_config(conf)
     if "state.checkpoint-storage" in conf or "state.checkpoints.dir" in conf:
         storage = storage_from_config(conf)
     else:
