@@ -7,7 +7,7 @@ the environment resolves them into a state backend and a checkpoint storage when
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from statekit import config as cfg
@@ -21,6 +21,8 @@ from statekit.checkpoint.config import (  # noqa: F401 (storage_from_config: kep
 from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import ConfigError
 from statekit.registry import backend_registry
+from statekit.runtime.datastream import DataStream, ProcessedStream
+from statekit.runtime.job import CollectResult, run_sinks
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from statekit.serde.types import TypeInformation
@@ -39,6 +41,7 @@ class StreamExecutionEnvironment:
         self._restart: RestartStrategyConfiguration | None = None
         self._savepoint_dir: str | None = None
         self._config: dict[str, Any] = {}
+        self._sinks: list[tuple[ProcessedStream, Callable[[Any], None]]] = []
 
     @staticmethod
     def get_execution_environment(config: Mapping[str, Any] | None = None
@@ -100,10 +103,17 @@ class StreamExecutionEnvironment:
         return self._checkpoint_config.get_checkpointing_mode()
 
     def set_default_savepoint_directory(self, directory: str) -> StreamExecutionEnvironment:
+        """PyFlink's default savepoint directory (``state.savepoints.dir``), kept for its API.
+
+        In Flink it names where a savepoint goes when one is triggered without a directory; it
+        never triggers one.  statekit's one trigger, ``execute_and_collect(savepoint_dir=...)``,
+        always names its directory, so a job with this set still takes no savepoint unasked.
+        """
         self._savepoint_dir = directory
         return self
 
     def get_default_savepoint_directory(self) -> str | None:
+        """The directory :meth:`set_default_savepoint_directory` or ``state.savepoints.dir`` set."""
         return self._savepoint_dir
 
     # --- state backend ---------------------------------------------------------------------------
@@ -175,16 +185,22 @@ class StreamExecutionEnvironment:
     # --- sources and execution ---------------------------------------------------------------------
 
     def from_collection(self, collection: Iterable[Any], type_info: TypeInformation | None = None
-                        ) -> Any:
+                        ) -> DataStream:
         """A replayable source over ``collection``; its position is part of every checkpoint."""
-        from statekit.runtime.local import DataStream
-
         return DataStream(self, list(collection), [])
 
-    def execute(self, job_name: str | None = None) -> Any:
-        """Run every stream that ends in ``add_sink``."""
-        from statekit.runtime.local import run_sinks
+    def register_sink(self, stream: ProcessedStream, sink: Callable[[Any], None]) -> None:
+        """Remember a stream that ends in ``sink`` (``ProcessedStream.add_sink``) for
+        :meth:`execute`."""
+        self._sinks.append((stream, sink))
 
+    def take_sinks(self) -> list[tuple[ProcessedStream, Callable[[Any], None]]]:
+        """The streams registered with their sinks, forgotten here: each runs once."""
+        sinks, self._sinks = self._sinks, []
+        return sinks
+
+    def execute(self, job_name: str | None = None) -> list[CollectResult]:
+        """Run every stream that ends in ``add_sink``, each as its own job."""
         return run_sinks(self, job_name)
 
 

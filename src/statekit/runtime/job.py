@@ -354,6 +354,6 @@ def _transfer_threads(backend: Any) -> int:
 def run_sinks(env: Any, job_name: str | None) -> list[CollectResult]:
     """Run each stream registered with ``add_sink`` as its own job."""
     results = []
-    for stream, sink in env.__dict__.pop("_sinks", []):
+    for stream, sink in env.take_sinks():
         results.append(LocalJob(stream, job_name, None, None, sink=sink).run())
     return results

@@ -2,10 +2,12 @@
 
 Version ``N`` is the state after batch ``N``.  A task of batch ``N`` opens the newest durable
 version before ``N``; it reuses the copy this process holds only when the durable metadata of that
-version names the very attempt that produced the local copy (DESIGN.md rule 2), and restores
-from checkpoint storage otherwise.  ``commit`` makes version ``N`` durable, recording which
-attempt wrote it (rule 1); a retried or speculative attempt that commits ``N`` again replaces the
-metadata atomically, and its files never share a name with another attempt's.
+version names the very attempt that produced the local copy, and restores from checkpoint storage
+otherwise: a copy built by an attempt Spark discarded (a failed or speculative one, or one in
+another process) would otherwise carry changes the committed lineage never had.  ``commit`` makes
+version ``N`` durable, recording which attempt wrote it, so that check has something to compare;
+a retried or speculative attempt that commits ``N`` again replaces the metadata atomically, and
+its files never share a name with another attempt's.
 """
 
 from __future__ import annotations
