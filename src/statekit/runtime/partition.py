@@ -22,13 +22,14 @@ from typing import Any
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
+from statekit.config import default
 from statekit.errors import CheckpointNotFoundError, MissingStateError, StatekitError
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import TypeSerializer
 
 log = logging.getLogger("statekit.partition")
 
-DEFAULT_VERSIONS_RETAINED = 10
+DEFAULT_VERSIONS_RETAINED: int = default("state.partition.versions-retained")
 
 
 @dataclass
