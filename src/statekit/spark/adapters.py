@@ -19,12 +19,10 @@ from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointS
 from statekit.errors import ConfigError, StatekitError
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
-from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED
-from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.spark import reporting, stopping
 from statekit.spark.jobmanager import DriverCheckpointStorage, QueryCheckpointStorage
-from statekit.spark.runner import AdapterSpec, PartitionTask, TaskInfo
 from statekit.spark.session import remember_working_roots
+from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
 SPARK_PREFIX = "spark.statekit."
 VERSIONS_RETAINED_KEY = "state.partition.versions-retained"
@@ -71,9 +69,15 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     return backend, storage
 
 
-def _spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
-          operator_id: str | None, conf: Mapping[str, Any] | None) -> tuple[AdapterSpec, Any]:
-    """Resolve and check everything a query's tasks need, in the driver, before it starts."""
+def build_spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
+               operator_id: str | None, conf: Mapping[str, Any] | None
+               ) -> tuple[AdapterSpec, Any]:
+    """Resolve and check everything a query's tasks need, in the driver, before it starts.
+
+    Every adapter calls it: the function's type, the whole ``spark.statekit.*`` configuration,
+    backend and storage (a typo fails here, not in a task), and the output schema.  Returns the
+    spec the tasks receive and the output ``StructType``.
+    """
     if not isinstance(function, Function):
         raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
                         f"got {type(function).__name__}")
@@ -90,15 +94,13 @@ def _spec(spark: Any, function: Function, key_columns: list[str], output_schema:
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
         remember_working_roots(roots())
-    max_parallelism = cfg.get(flat, "pipeline.max-parallelism", cfg.parse_int,
-                              DEFAULT_MAX_PARALLELISM)
-    retained = cfg.get(flat, VERSIONS_RETAINED_KEY, cfg.parse_int, DEFAULT_VERSIONS_RETAINED)
     spec = AdapterSpec(
         function=function, backend=backend, storage=storage,
         operator_id=operator_id or type(function).__name__,
         key_columns=list(key_columns), output_columns=[f.name for f in schema.fields],
-        max_parallelism=max_parallelism, versions_retained=retained, conf=flat,
-        allow_missing_state=bool(cfg.get(flat, ALLOW_MISSING_KEY, cfg.parse_bool, False)),
+        max_parallelism=cfg.read(flat, "pipeline.max-parallelism"),
+        versions_retained=cfg.read(flat, VERSIONS_RETAINED_KEY), conf=flat,
+        allow_missing_state=bool(cfg.read(flat, ALLOW_MISSING_KEY)),
     )
     return spec, schema
 
@@ -138,7 +140,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     spark = grouped_df._df.sparkSession
-    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf)  # Spark passes keys
+    spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf)  # Spark passes keys
 
     class StatekitProcessor(StatefulProcessor):
         """Bridges Spark's per-key calls to the statekit function and partition store."""
@@ -199,8 +201,8 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         raise ConfigError("num_partitions", f"must be at least 1, got {num_partitions!r}")
     if not callable(sink):
         raise ConfigError("sink", f"expected a function (output_df, batch_id), got {sink!r}")
-    spec, schema = _spec(_active_session(), function, key_columns, output_schema, operator_id,
-                         conf)
+    spec, schema = build_spec(_active_session(), function, key_columns, output_schema,
+                              operator_id, conf)
 
     def run(batch_df: Any, batch_id: int) -> None:
         spark = batch_df.sparkSession
