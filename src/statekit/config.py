@@ -10,21 +10,23 @@ nearest known key suggested.
 
 The table sits on the ground floor, beside the value parsers it uses, because every layer reads
 keys from it: checkpoint settings and storages, backends, the runtime and the Spark adapters.
-A plugin's own keys are applied with :class:`Setting` rows (:func:`apply_settings`), which
-share one rule: a setting made in code wins over a flat key.
+Plugins share one protocol (:class:`Configurable`: ``from_config`` builds, ``configure``
+returns a configured copy) and apply their own keys with :class:`Setting` rows
+(:func:`apply_settings`), under one rule: a setting made in code wins over a flat key.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from statekit.errors import ConfigError
-from statekit.values import (  # noqa: F401 (re-exported: the parsers used with these keys)
+from statekit.values import (
     at_least,
     get,
     parse_bool,
@@ -37,6 +39,36 @@ from statekit.values import (  # noqa: F401 (re-exported: the parsers used with 
 )
 
 ENV_PREFIX = "STATEKIT_"
+
+__all__ = [  # with the value parsers, which callers use with these keys
+    "BY_KEY",
+    "ENV_PREFIX",
+    "KEYS",
+    "NAMESPACES",
+    "OPTIONS",
+    "Configurable",
+    "Option",
+    "Setting",
+    "apply_settings",
+    "at_least",
+    "canonical",
+    "default",
+    "env_name",
+    "from_env",
+    "get",
+    "in_namespace",
+    "normalize",
+    "parse_bool",
+    "parse_duration_ms",
+    "parse_enum",
+    "parse_float",
+    "parse_int",
+    "parse_size",
+    "parse_str",
+    "read",
+    "reference_markdown",
+    "validate",
+]
 
 
 def _choice(*names: str) -> Callable[[str, Any], str]:
@@ -343,6 +375,26 @@ def reference_markdown() -> str:
         lines.append(f"| `{option.key}` | {option.default} | {aliases} | `{option.env_var}` | "
                      f"{option.doc} |")
     return "\n".join(lines) + "\n"
+
+
+class Configurable:
+    """The configuration protocol of every plugin (state backend, checkpoint storage).
+
+    The registry builds a plugin from flat keys with :meth:`from_config`; :meth:`configure`
+    returns a copy with the keys applied, never changing the object it is called on, and a
+    setting made in code wins over a key (see :class:`Setting`).
+    """
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Self:
+        """The plugin built from flat keys: by default the constructor's defaults, then
+        :meth:`configure`; a plugin whose constructor needs arguments (a directory, say)
+        overrides this to take them from ``config``."""
+        return cls().configure(dict(config))
+
+    def configure(self, config: dict[str, Any]) -> Self:
+        """A copy with the flat keys this plugin understands applied (override to read some)."""
+        return copy.copy(self)
 
 
 @dataclass(frozen=True)

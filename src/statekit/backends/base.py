@@ -8,10 +8,9 @@ snapshots (rescaling).  The format every backend can read is in :mod:`statekit.b
 
 from __future__ import annotations
 
-import copy
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
     write_kv_state,
     write_plain_entry,
 )
+from statekit.config import Configurable
 from statekit.errors import NoKeyContextError, PickleNotAllowedError, StateNameClashError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
@@ -96,8 +96,12 @@ class SnapshotRun:
             self._cancel()
 
 
-class StateBackend(ABC):
-    """Where working state lives; a picklable factory of per-partition keyed backends."""
+class StateBackend(Configurable, ABC):
+    """Where working state lives; a picklable factory of per-partition keyed backends.
+
+    Built from flat keys by :meth:`from_config` (``state.backend.type`` names the class in the
+    registry) and configured by :meth:`configure`, which returns a configured copy.
+    """
 
     #: registry name, written into snapshots so restores know who wrote them
     name: str = "custom"
@@ -114,21 +118,6 @@ class StateBackend(ABC):
     def default_checkpoint_storage(self) -> CheckpointStorage | None:
         """Checkpoint storage implied by a legacy facade (MemoryStateBackend...); None otherwise."""
         return None
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> StateBackend:
-        """The backend a flat configuration names (``state.backend.type``), with its keys applied.
-
-        The registry builds every backend, built in or not, this way.  By default: the
-        constructor's defaults, then :meth:`configure`; a backend whose constructor needs
-        arguments (a directory, say) overrides this to take them from ``config``.
-        """
-        return cls().configure(dict(config))
-
-    def configure(self, config: dict[str, Any]) -> StateBackend:
-        """A copy with the flat keys this backend understands applied (override to read some);
-        settings made in code win over keys, and this object is left as it was."""
-        return copy.copy(self)
 
     @abstractmethod
     def create_keyed_state_backend(

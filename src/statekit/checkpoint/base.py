@@ -6,12 +6,12 @@ A storage is a small picklable configuration; :meth:`CheckpointStorage.create_ac
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.config import Configurable
 from statekit.errors import ConfigError
 
 
@@ -23,8 +23,12 @@ def strip_path(path: str | None) -> str | None:
     return path.rstrip("/") if path.rstrip("/") else path
 
 
-class CheckpointStorage(ABC):
-    """Where checkpoints of a job go; a small picklable configuration."""
+class CheckpointStorage(Configurable, ABC):
+    """Where checkpoints of a job go; a small picklable configuration.
+
+    Built from flat keys by :meth:`from_config` (``state.checkpoint-storage`` names the class in
+    the registry) and configured by :meth:`configure`, which returns a configured copy.
+    """
 
     name = "custom"
 
@@ -35,21 +39,6 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def get_savepoint_path(self) -> str | None:
         """Default directory for savepoints, or None."""
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> CheckpointStorage:
-        """The storage a flat configuration names (``state.checkpoint-storage``), keys applied.
-
-        The registry builds every storage, built in or not, this way.  By default: the
-        constructor's defaults, then :meth:`configure`; a storage whose constructor needs
-        arguments (a directory, say) overrides this to take them from ``config``.
-        """
-        return cls().configure(dict(config))
-
-    def configure(self, config: dict[str, Any]) -> CheckpointStorage:
-        """A copy with the flat keys this storage understands applied (override to read some);
-        settings made in code win over keys, and this object is left as it was."""
-        return copy.copy(self)
 
 
 class CustomCheckpointStorage(CheckpointStorage):
