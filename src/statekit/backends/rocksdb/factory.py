@@ -10,7 +10,7 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,13 @@ from statekit.backends.rocksdb.options import (
 )
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.streams import safe_name
+from statekit.config import BY_KEY, Setting, apply_settings, default
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
-from statekit.values import parse_bool, parse_int
+from statekit.values import parse_bool
+
+_THREADS_KEY = "state.backend.rocksdb.checkpoint.transfer.thread.num"
 
 
 def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
@@ -47,6 +50,39 @@ def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _parse_paths(key: str, value: Any) -> list[str] | None:
+    """``state.backend.rocksdb.localdir``: one directory, or several separated by commas,
+    semicolons or the OS path separator (not in URLs); empty leaves the default."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, str):
+        seps = ",;" if "://" in value else ",;" + os.pathsep
+        value = [p for p in re.split(f"[{re.escape(seps)}]", value) if p.strip()]
+    elif not isinstance(value, list | tuple):
+        value = [value]
+    return [_local_path(p, key) for p in value]
+
+
+def _parse_options_factory(key: str, value: Any) -> OptionsFactory | str | None:
+    """An options factory's dotted name, checked now so that a typo fails at configuration."""
+    if value in (None, ""):
+        return None
+    resolve_options_factory(value, key)
+    return value  # type: ignore[no-any-return]
+
+
+#: the RocksDB backend's flat keys (a setting made in code wins over them)
+_SETTINGS = (
+    Setting("_incremental", ("execution.checkpointing.incremental", "state.backend.incremental")),
+    Setting("_paths", ("state.backend.rocksdb.localdir",), _parse_paths),
+    Setting("_predefined", ("state.backend.rocksdb.predefined-options",),
+            lambda k, v: PredefinedOptions.parse(v, k)),
+    Setting("_options_factory", ("state.backend.rocksdb.options-factory",), _parse_options_factory),
+    Setting("_threads", (_THREADS_KEY,)),
+    Setting("_ttl_filter", ("state.backend.rocksdb.ttl.compaction.filter.enabled",)),
+)
+
+
 class EmbeddedRocksDBStateBackend(StateBackend):
     """Working state in embedded RocksDB (via rocksdict): state larger than memory, native snapshots.
 
@@ -54,7 +90,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     """
 
     name = "rocksdb"
-    DEFAULT_TRANSFER_THREADS = 1
+    DEFAULT_TRANSFER_THREADS: int = default(_THREADS_KEY)
 
     def __init__(self, enable_incremental_checkpointing: bool | None = None) -> None:
         super().__init__(True)
@@ -114,7 +150,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
 
     def set_number_of_transfering_threads(self, number_of_transfering_threads: int) -> None:
         """Threads uploading and downloading files while snapshotting and restoring."""
-        self._threads = self._parse_threads(number_of_transfering_threads)
+        self._threads = BY_KEY[_THREADS_KEY].parse(_THREADS_KEY, number_of_transfering_threads)
 
     def get_number_of_transfering_threads(self) -> int:
         """Threads used to transfer files (default 1); misspelt as PyFlink spells it."""
@@ -130,47 +166,15 @@ class EmbeddedRocksDBStateBackend(StateBackend):
 
     def is_ttl_compaction_filter_enabled(self) -> bool:
         """Whether expired TTL state is cleaned up in the background (default True)."""
-        return True if self._ttl_filter is None else self._ttl_filter
-
-    @staticmethod
-    def _parse_threads(value: Any) -> int:
-        key = "state.backend.rocksdb.checkpoint.transfer.thread.num"
-        n = parse_int(key, value)
-        if n < 1:
-            raise ConfigError(key, f"expected a positive number of threads, got {value!r}")
-        return n
+        key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
+        return bool(default(key) if self._ttl_filter is None else self._ttl_filter)
 
     # --- configuration ----------------------------------------------------------------------------
 
     def configure(self, config: dict[str, Any]) -> EmbeddedRocksDBStateBackend:
         """A copy with flat configuration keys applied; settings made in code take precedence."""
         new = copy.copy(self)
-        for key in ("execution.checkpointing.incremental", "state.backend.incremental"):
-            if key in config and self._incremental is None:
-                new._incremental = parse_bool(key, config[key])
-                break
-        key = "state.backend.rocksdb.localdir"
-        if key in config and self._paths is None and config[key] not in (None, ""):
-            value = config[key]
-            if isinstance(value, str):
-                seps = ",;" if "://" in value else ",;" + os.pathsep
-                value = [p for p in re.split(f"[{re.escape(seps)}]", value) if p.strip()]
-            elif not isinstance(value, list | tuple):
-                value = [value]
-            new._paths = [_local_path(p, key) for p in value]
-        key = "state.backend.rocksdb.predefined-options"
-        if key in config and self._predefined is None:
-            new._predefined = PredefinedOptions.parse(config[key], key)
-        key = "state.backend.rocksdb.options-factory"
-        if key in config and self._options_factory is None and config[key] not in (None, ""):
-            resolve_options_factory(config[key], key)
-            new._options_factory = config[key]
-        key = "state.backend.rocksdb.checkpoint.transfer.thread.num"
-        if key in config and self._threads is None:
-            new._threads = self._parse_threads(config[key])
-        key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
-        if key in config and self._ttl_filter is None:
-            new._ttl_filter = parse_bool(key, config[key])
+        apply_settings(_SETTINGS, self, new, config)
         return new
 
     # --- keyed backends ---------------------------------------------------------------------------
@@ -231,6 +235,11 @@ class RocksDBStateBackend(EmbeddedRocksDBStateBackend):
         else:
             raise ConfigError("state.checkpoints.dir", "RocksDBStateBackend needs "
                               "checkpoint_data_uri or checkpoint_stream_backend")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RocksDBStateBackend:
+        """RocksDB working state with file checkpoints under ``state.checkpoints.dir``."""
+        return cls(config.get("state.checkpoints.dir")).configure(dict(config))
 
     def get_checkpoint_backend(self) -> StateBackend:
         """The backend whose checkpoint storage persists this backend's snapshot bytes."""
