@@ -105,3 +105,24 @@ def test_old_versions_are_retired(storage):
         s = run_batch(storage, batch, ["a"])
     assert s.access.completed() == [3, 4, 5]
     assert read(storage, 6, "a") == 6
+
+
+def test_a_resumed_query_without_its_state_fails_unless_allowed(storage):
+    """Batch 5 with no state ever written (a lost driver, a deleted directory): MissingStateError
+    naming the setting; with the setting, the partition starts empty on purpose."""
+    from statekit.errors import MissingStateError
+
+    def lost(allow=False):  # a query of its own: in-memory storage outlives one test
+        return PartitionStore(HashMapStateBackend(), storage, "lost-query", "op", 0,
+                              GenericSerializer(), allow_missing_state=allow)
+
+    with pytest.raises(MissingStateError, match="allow-missing-state"):
+        lost().open(5, new_attempt_token(5, 0))
+    allowed = lost(allow=True)
+    backend = allowed.open(5, new_attempt_token(5, 0))
+    backend.set_current_key("a")
+    assert backend.get_partitioned_state(COUNT).value() is None
+    allowed.commit()
+    resumed = lost()  # the next batch resumes from what the allowed one wrote: no error
+    resumed.open(6, new_attempt_token(6, 0))
+    resumed.abort()

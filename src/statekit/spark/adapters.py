@@ -124,9 +124,14 @@ def _struct(spark: Any, schema: Any) -> Any:
 
 
 def _active_session() -> Any:
+    """The calling thread's active session, else the process's running one (a thread other than
+    the one that created the session has no active session of its own)."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
+    if spark is None and SparkContext._active_spark_context is not None:
+        spark = SparkSession.builder.getOrCreate()
     if spark is None:
         raise StatekitError("foreach_batch needs an active SparkSession: create it first")
     return spark
