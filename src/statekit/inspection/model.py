@@ -19,6 +19,8 @@ INTERNAL_PREFIX = "__statekit"
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, _Record):
+        return value.to_dict()
     if isinstance(value, _dt.datetime):
         return value.isoformat()
     if isinstance(value, tuple):
