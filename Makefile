@@ -31,7 +31,7 @@ lint: $(STAMP)
 
 BENCH_PYTEST := $(PY) -m pytest benchmarks --ignore=benchmarks/diskprofiles -p no:cacheprovider -q -s \
 	-o testpaths=benchmarks --benchmark-sort=name --benchmark-columns=min,median,max,rounds
-BENCH_QUICK_ARGS ?= -m "not spark"
+BENCH_QUICK_ARGS ?= -m "not spark and not large"
 
 bench: $(STAMP)  ## full run (~15 min with the Spark end-to-end part): benchmarks/results/full.json -> docs/benchmarks.md, docs/img/
 	mkdir -p benchmarks/results
