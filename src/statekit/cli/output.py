@@ -50,7 +50,13 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
         grid.add_column(name, justify="right" if numeric else "left", no_wrap=True)
     for row in rows:
         grid.add_row(*("-" if v is None else str(v) for v in row))
-    out.print(grid)
+    if out.is_terminal:
+        out.print(grid)
+        return
+    with out.capture() as captured:  # piped: no padding lines, no trailing blanks
+        out.print(grid)
+    text = "\n".join(ln.rstrip() for ln in captured.get().splitlines() if ln.strip())
+    sys.stdout.write(text + "\n")
 
 
 def line(text: str) -> None:

@@ -262,7 +262,7 @@ class RowPlan:
             if conv is not None:
                 data = [None if x is None else conv(x) for x in data]
             try:
-                arrays.append(pa.array(data, type=fld.type))
+                arrays.append(_binary(data) if fld.type == pa.binary() else pa.array(data, type=fld.type))
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
                 option = {"key": "key_type", "value": "value_type"}.get(fld.name, fld.name)
                 raise SerializationError(
@@ -271,8 +271,25 @@ class RowPlan:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
+def _binary(values: list[Any]) -> pa.Array:
+    """A binary array built from one join and the lengths (pyarrow's per-object conversion ran
+    at a third of the speed for state-sized values); pyarrow's own path for nulls and others."""
+    try:
+        data = b"".join(values)
+    except TypeError:
+        return pa.array(values, type=pa.binary())
+    if len(data) >= 1 << 31:
+        return pa.array(values, type=pa.binary())
+    import numpy as np
+
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int32, count=len(values)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets),
+                                                            pa.py_buffer(data)])
+
+
 def record_batches(plan: RowPlan, chunks: Iterator[Chunk], batch_rows: int = 65536,
-                   batch_bytes: int = 32 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
+                   batch_bytes: int = 8 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
     """Record batches of about ``batch_rows`` rows (or ``batch_bytes`` of source data), built
     as chunks arrive: memory holds one batch, never the state."""
     pending: dict[str, list[Any]] = {}

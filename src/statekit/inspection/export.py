@@ -11,6 +11,8 @@ import base64
 import contextlib
 import json
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -83,6 +85,37 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _behind(batches: Iterator[pa.RecordBatch], write: Callable[[pa.RecordBatch], None]
+            ) -> Iterator[pa.RecordBatch]:
+    """Hand each batch to ``write`` on a writer thread while the next one is decoded (Parquet
+    encoding and file writes release the GIL; decoding holds it); yields each batch once it
+    is queued.  At most two batches wait, so memory stays bounded."""
+    feed: queue.Queue[Any] = queue.Queue(maxsize=2)
+    failed: list[BaseException] = []
+
+    def drain() -> None:
+        while (batch := feed.get()) is not None:
+            if not failed:
+                try:
+                    write(batch)
+                except BaseException as exc:  # re-raised on the reading thread
+                    failed.append(exc)
+
+    thread = threading.Thread(target=drain, name="statekit-export-writer", daemon=True)
+    thread.start()
+    try:
+        for batch in batches:
+            if failed:
+                break
+            feed.put(batch)
+            yield batch
+    finally:
+        feed.put(None)
+        thread.join()
+    if failed:
+        raise failed[0]
+
+
 def write_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, fh: IO[bytes], fmt: str,
                   compression: str | None = "snappy") -> int:
     """Write record batches to an open binary file in ``fmt``; the number of rows."""
@@ -91,8 +124,7 @@ def write_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, fh: IO[b
         import pyarrow.parquet as pq
 
         with pq.ParquetWriter(fh, schema, compression=compression or "none") as writer:
-            for batch in batches:
-                writer.write_batch(batch)
+            for batch in _behind(batches, writer.write_batch):
                 rows += batch.num_rows
     elif fmt == "csv":
         import pyarrow.csv as pcsv
