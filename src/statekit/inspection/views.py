@@ -232,6 +232,12 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
     listing = catalog.scan(path, options)
     spark = catalog.jobs_of(listing, ["spark"])
     if spark:
+        queries = sorted({job.spark_names()[0] or "" for job in spark})
+        if len(queries) > 1:
+            raise CheckpointNotFoundError(
+                f"{path} holds the state of {len(queries)} queries; open one of: "
+                + ", ".join(catalog._join(path, posixpath.dirname(job.operator or ""))
+                            for job in {j.spark_names()[0]: j for j in spark}.values()))
         picked = [(job, cid) for job in spark
                   if (cid := _version(listing, job, batch, include_tentative)) is not None]
         if not picked:
