@@ -154,3 +154,41 @@ def test_pickled_state_is_read_as_bytes_never_unpickled(tmp_path):
     frame = open_checkpoint(str(tmp_path / "ck" / "job")).state("p").to_pandas()
     assert frame["value"][0] == pickle.dumps(Boom(), protocol=pickle.HIGHEST_PROTOCOL)
     assert not (tmp_path / "owned").exists()
+
+
+def test_typed_columns_follow_the_descriptor(tmp_path):
+    import datetime as dt
+    import decimal
+
+    import pyarrow as pa
+
+    from statekit import FileSystemCheckpointStorage, HashMapStateBackend, MapStateDescriptor
+    from statekit.serde.keygroups import KeyGroupRange
+
+    access = FileSystemCheckpointStorage(str(tmp_path / "ck")).create_access("job")
+    backend = HashMapStateBackend(False).create_keyed_state_backend(
+        key_serializer=GenericSerializer(), key_group_range=KeyGroupRange.all(128), max_parallelism=128)
+    row = backend.get_partitioned_state(ValueStateDescriptor(
+        "row", Types.ROW_NAMED(["day", "price", "tags"],
+                               [Types.SQL_DATE(), Types.BIG_DEC(), Types.LIST(Types.STRING())])))
+    pairs = backend.get_partitioned_state(MapStateDescriptor(
+        "pairs", Types.STRING(), Types.TUPLE([Types.INT(), Types.DOUBLE()])))
+    mixed = backend.get_partitioned_state(ValueStateDescriptor("mixed"))
+    for i, key in enumerate([("a", 1), ("b", 2)]):  # tuple keys: untyped, mixed -> JSON text
+        backend.set_current_key(key)
+        row.update({"day": dt.date(2024, 1, 1 + i), "price": decimal.Decimal(f"{i}.50"), "tags": ["x"] * i})
+        pairs.put(f"p{i}", (i, i / 2))
+        mixed.update(i if i else "zero")
+    access.commit(1, {"tasks": {"t": backend.snapshot(1, access.streams(1, "t")).run()}})
+    backend.dispose()
+    view = open_checkpoint(str(tmp_path / "ck" / "job"))
+    schema = view.state("row").schema()
+    assert schema.field("key").type == pa.string()  # tuple keys: JSON text
+    assert schema.field("value").type == pa.struct([("day", pa.date32()), ("price", pa.string()),
+                                                    ("tags", pa.list_(pa.string()))])
+    rows = view.state("row").to_pandas().sort_values("key")
+    assert rows["key"].tolist() == ['["a",1]', '["b",2]']
+    assert rows["value"].tolist()[1] == {"day": dt.date(2024, 1, 2), "price": "1.50", "tags": ["x"]}
+    got = view.state("pairs").to_pandas().sort_values("user_key")
+    assert got["value"].tolist() == [{"f0": 0, "f1": 0.0}, {"f0": 1, "f1": 0.5}]
+    assert sorted(view.state("mixed").to_pandas()["value"]) == ['"zero"', "1"]

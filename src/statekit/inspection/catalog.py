@@ -11,6 +11,7 @@ statekit writes, then each ``_metadata`` read (several at a time on object store
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from typing import Any
 
 from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
+from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import METADATA, CheckpointStorageAccess
 from statekit.checkpoint.metadata import decode_metadata
 from statekit.errors import CheckpointNotFoundError, StatekitError
@@ -78,16 +80,9 @@ class Listing:
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> BlobStore:
     """The blob store rooted at ``url``; a missing local directory is CheckpointNotFoundError."""
     store = blob_store_for(url, storage_options)
-    root = getattr(store, "root", None)
-    if getattr(store, "supports_links", False) and root is not None and not _local_exists(root):
+    if isinstance(store, LocalBlobStore) and not os.path.isdir(store.root):
         raise CheckpointNotFoundError(f"no such directory: {url}")
     return store
-
-
-def _local_exists(path: str) -> bool:
-    import os
-
-    return os.path.isdir(path)
 
 
 def scan(url: str, storage_options: dict[str, Any] | None = None) -> Listing:
