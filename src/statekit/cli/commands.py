@@ -198,7 +198,8 @@ def verify(path: str, as_json: bool, deep: bool, latest: bool,
         output.emit_json(report.to_dict())
     else:
         for problem in report.problems:
-            output.error(f"{problem.path}: {problem.error}: {problem.message}")
+            output.error(f"{problem.path}: {problem.error}: {problem.message} "
+                         f"(in {problem.checkpoint.rsplit('/', 1)[-1]})")
         verdict = "OK" if report.ok else "DAMAGED" if report.problems else "NOTHING TO CHECK"
         output.line(f"{verdict}: {len(report.checkpoints)} checkpoint(s), {report.files} file(s), "
                     f"{output.human_bytes(report.bytes)} checked, {len(report.problems)} problem(s)")

@@ -36,8 +36,10 @@ def _check_body(report: VerifyReport, checkpoint: str, location: str, store: Any
             continue
         path = f"{location}/{handle.get('path')}"
         if path in seen:  # a shared file another checkpoint referenced: checked already
-            if seen[path] is not None:
-                report.problems.append(_problem(checkpoint, path, _Again(seen[path])))
+            earlier = seen[path]
+            if earlier is not None:
+                report.problems.append(Problem(checkpoint=checkpoint, path=path, error=earlier.error,
+                                               message=earlier.message))
             continue
         try:
             report.bytes += reader.check(handle, progress)
@@ -70,14 +72,6 @@ def _check_body(report: VerifyReport, checkpoint: str, location: str, store: Any
                     pass
             except (StatekitError, OSError) as exc:
                 report.problems.append(_problem(checkpoint, f"{checkpoint} ({name}, state {state})", exc))
-
-
-class _Again(Exception):
-    """The problem a shared file already reported, repeated for another checkpoint."""
-
-    def __init__(self, problem: Problem) -> None:
-        super().__init__(problem.message)
-        self.problem = problem
 
 
 def _handles(body: dict[str, Any]) -> list[dict[str, Any]]:
