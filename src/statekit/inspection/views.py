@@ -131,12 +131,6 @@ class StateView:
 
         yield from record_batches(plan, chunks(), batch_rows)
 
-    def read_split(self, split: StateSplit, plan: RowPlan, batch_rows: int = 65536
-                   ) -> Iterator[pa.RecordBatch]:
-        """One split's record batches with a given plan (all splits of a read share one)."""
-        rng = None if split.key_groups is None else KeyGroupRange.of(split.key_groups)
-        yield from record_batches(plan, iter_chunks(split.source, split.state, rng), batch_rows)
-
     def count(self, progress: Progress = None) -> int:
         """The exact number of keys (reads the whole state, streaming)."""
         return sum(len(chunk.keys) for _, _, source in self._parts
