@@ -21,6 +21,7 @@ from statekit.testing.sparkcluster import SparkCluster
 ROOT = str(Path(__file__).resolve().parents[2])
 _HERE = Path(__file__).resolve().parent
 TIMES: dict[str, float] = {}
+RECOVERY: dict[str, float] = {}  # case -> seconds from a Worker killed to the next batch committed
 ISOLATION: list[str] = []
 
 
@@ -35,6 +36,8 @@ def pytest_terminal_summary(terminalreporter):
     if TIMES:
         terminalreporter.write_line(f"spark cluster ({', '.join(ISOLATION)}): "
                                     + ", ".join(f"{k} {v:.1f} s" for k, v in TIMES.items()))
+    for case, seconds in sorted(RECOVERY.items()):
+        terminalreporter.write_line(f"worker killed -> next batch committed: {case} {seconds:.1f} s")
 
 
 def new_cluster(isolate: bool | None = None) -> SparkCluster:

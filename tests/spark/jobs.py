@@ -78,12 +78,12 @@ def expected(frame: pd.DataFrame) -> dict[str, tuple[int, int]]:
 
 
 def start(spark, adapter: str, function, input_dir: str, checkpoint: str, sink: Outputs,
-          conf: dict | None = None):
+          conf: dict | None = None, num_partitions: int | None = 2):
     """Start an availableNow query over the input files through one adapter."""
     source = spark.readStream.schema("key string, v long").option("maxFilesPerTrigger", 1).parquet(input_dir)
     if adapter == "foreach_batch":
         writer = source.writeStream.foreachBatch(
-            foreach_batch(function, "key", OUTPUT, sink, num_partitions=2, conf=conf))
+            foreach_batch(function, "key", OUTPUT, sink, num_partitions=num_partitions, conf=conf))
     elif adapter == "transform_with_state":
         writer = transform_with_state(source.groupBy("key"), function, OUTPUT, conf=conf
                                       ).writeStream.foreachBatch(sink).outputMode("update")
@@ -93,10 +93,11 @@ def start(spark, adapter: str, function, input_dir: str, checkpoint: str, sink: 
     return writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
 
 
-def run_until_done(spark, adapter, function, input_dir, checkpoint, sink, conf=None, restarts=2):
+def run_until_done(spark, adapter, function, input_dir, checkpoint, sink, conf=None, restarts=2,
+                   num_partitions=2):
     """Run the query to the end of its input, restarting it after a failure (as an operator would)."""
     for _ in range(restarts + 1):
-        query = start(spark, adapter, function, input_dir, checkpoint, sink, conf)
+        query = start(spark, adapter, function, input_dir, checkpoint, sink, conf, num_partitions)
         try:
             query.awaitTermination()
             return

@@ -30,6 +30,7 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
     write_kv_state,
     write_plain_entry,
 )
+from statekit.config import Configurable
 from statekit.errors import NoKeyContextError, PickleNotAllowedError, StateNameClashError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from statekit.checkpoint.base import CheckpointStorage
     from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
+
+#: a snapshot handle and the reader of the store it lives in
+RestoreSource = tuple[dict[str, Any], "StateReader"]
 
 NO_KEY: Any = type("NoKey", (), {"__repr__": lambda self: "<no current key>"})()
 
@@ -95,8 +99,12 @@ class SnapshotRun:
             self._cancel()
 
 
-class StateBackend(ABC):
-    """Where working state lives; a picklable factory of per-partition keyed backends."""
+class StateBackend(Configurable, ABC):
+    """Where working state lives; a picklable factory of per-partition keyed backends.
+
+    Built from flat keys by :meth:`from_config` (``state.backend.type`` names the class in the
+    registry) and configured by :meth:`configure`, which returns a configured copy.
+    """
 
     #: registry name, written into snapshots so restores know who wrote them
     name: str = "custom"
@@ -113,10 +121,6 @@ class StateBackend(ABC):
     def default_checkpoint_storage(self) -> CheckpointStorage | None:
         """Checkpoint storage implied by a legacy facade (MemoryStateBackend...); None otherwise."""
         return None
-
-    def configure(self, config: dict[str, Any]) -> StateBackend:
-        """Apply flat configuration keys this backend understands (override to add some)."""
-        return self
 
     @abstractmethod
     def create_keyed_state_backend(
@@ -266,9 +270,22 @@ class KeyedStateBackend(ABC):
         ``savepoint=True`` asks for the self-contained backend-neutral format (``KV_FORMAT``).
         """
 
-    @abstractmethod
+    #: snapshot formats :meth:`restore_sources` reads itself, and those of them it can also
+    #: filter by key (others go through :func:`statekit.backends.transfer.restore_into`)
+    native_formats: tuple[str, ...] = ()
+    filterable_formats: tuple[str, ...] = ()
+
     def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
         """Load the key groups of this backend's range from task handles of any partitioning."""
+        self.restore_sources([(handle, reader) for handle in handles])
+
+    @abstractmethod
+    def restore_sources(self, sources: list[RestoreSource], *,
+                        key_filter: Callable[[Any], bool] | None = None,
+                        skip_states: frozenset[str] = frozenset()) -> None:
+        """Load this range's entries from ``(handle, reader)`` pairs of native formats, keeping
+        only keys ``key_filter`` accepts (formats in ``filterable_formats``) and leaving out the
+        states named in ``skip_states``; called once, before any state is registered."""
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable; incremental backends may now use it as a base."""

@@ -256,10 +256,11 @@ def check_kv_handle(handle: dict[str, Any], max_parallelism: int) -> KeyGroupRan
 
 def read_kv_states(
     handles: Iterable[dict[str, Any]], reader: StateReader, key_group_range: KeyGroupRange,
-    max_parallelism: int,
+    max_parallelism: int, key_filter: Callable[[Any], bool] | None = None,
 ) -> Iterator[tuple[str, dict[str, Any], int, list[bytes], list[bytes]]]:
     """Yield ``(state name, entry, key group, keys, values)``, serialized, for every entry inside
-    the range; plain entries are serialized and grouped here (restoring into a bytes backend)."""
+    the range (and, with ``key_filter``, whose plain key it accepts); plain entries are
+    serialized and grouped here (restoring into a bytes backend)."""
     for handle in handles:
         check_kv_handle(handle, max_parallelism)
         for name, entry in handle["states"].items():
@@ -271,11 +272,16 @@ def read_kv_states(
                         raise CorruptCheckpointError(
                             f"state '{name}' key group {kg}: malformed chunk"
                         ) from exc
+                    if key_filter is not None:
+                        kept = [i for i, kb in enumerate(keys) if key_filter(unpackb(kb))]
+                        keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     yield name, entry, kg, keys, values
                 continue
             for keys, values in read_plain_entry(name, entry, reader):
                 groups: dict[int, tuple[list[bytes], list[bytes]]] = {}
                 for key, value in zip(keys, values, strict=True):
+                    if key_filter is not None and not key_filter(key):
+                        continue
                     kb = packb(key)
                     kg = key_group_for_bytes(kb, max_parallelism)
                     if kg in key_group_range:

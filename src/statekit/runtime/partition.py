@@ -2,31 +2,39 @@
 
 Version ``N`` is the state after batch ``N``.  A task of batch ``N`` opens the newest durable
 version before ``N``; it reuses the copy this process holds only when the durable metadata of that
-version names the very attempt that produced the local copy (DESIGN.md rule 2), and restores
-from checkpoint storage otherwise.  ``commit`` makes version ``N`` durable, recording which
-attempt wrote it (rule 1); a retried or speculative attempt that commits ``N`` again replaces the
-metadata atomically, and its files never share a name with another attempt's.
+version names the very attempt that produced the local copy, and restores from checkpoint storage
+otherwise: a copy built by an attempt Spark discarded (a failed or speculative one, or one in
+another process) would otherwise carry changes the committed lineage never had.  ``commit`` makes
+version ``N`` durable, recording which attempt wrote it, so that check has something to compare;
+a retried or speculative attempt that commits ``N`` again replaces the metadata atomically, and
+its files never share a name with another attempt's.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from statekit.backends.base import KeyedStateBackend, StateBackend
+from statekit.backends.base import KeyedStateBackend, RestoreSource, StateBackend
+from statekit.backends.transfer import restore_into
+from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
+from statekit.checkpoint.savepoint import open_external
 from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
+from statekit.config import default
 from statekit.errors import CheckpointNotFoundError, MissingStateError, StatekitError
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import TypeSerializer
 
 log = logging.getLogger("statekit.partition")
 
-DEFAULT_VERSIONS_RETAINED = 10
+DEFAULT_VERSIONS_RETAINED: int = default("state.partition.versions-retained")
 
 
 @dataclass
@@ -108,6 +116,57 @@ def new_attempt_token(*parts: Any) -> str:
     return "-".join(str(p) for p in parts) + "-" + uuid.uuid4().hex[:12]
 
 
+@dataclass
+class Scaling:
+    """How a partition's keys relate to the others': what lets state move between partitionings.
+
+    ``num_partitions`` is the partition count of this run, or None where it never changes within
+    a query (Spark pins it for its own stateful operators); ``owns`` keeps the keys this
+    partition owns under this run's partitioning; ``initial`` yields the restore sources of
+    another query's state, used when this operator has none yet (``execution.savepoint.path``).
+    """
+
+    num_partitions: int | None = None
+    owns: Callable[[Any], bool] | None = None
+    initial: Callable[[], list[RestoreSource]] | None = None
+
+
+#: states that describe one query's own progress (applyInPandasWithState's applied markers),
+#: never carried into another query's state
+QUERY_BOOKKEEPING = frozenset({"__statekit_applied"})
+
+
+def external_sources(path: str, operator_id: str,
+                     storage_options: dict[str, Any] | None = None) -> list[RestoreSource]:
+    """Restore sources of another job's state at ``path``: a checkpoint or savepoint (of the
+    local runner, or one version of a partition), a job's checkpoint directory (its newest
+    checkpoint), or a Spark query's operator directory ``<root>/<query>/<operator>`` or query
+    directory ``<root>/<query>`` (every partition of its latest run)."""
+    root = path.rstrip("/")
+    store = blob_store_for(root, storage_options)
+    names = {key.split("/", 1)[0] for key in store.list()}
+    if "p00000" not in names and operator_id in names:
+        root, store = f"{root}/{operator_id}", blob_store_for(f"{root}/{operator_id}", storage_options)
+        names = {key.split("/", 1)[0] for key in store.list()}
+    if "p00000" not in names:
+        meta, reader = open_external(root, storage_options)
+        return [(handle, reader) for handle in meta.get("tasks", {}).values()]
+    first = CheckpointStorageAccess(blob_store_for(f"{root}/p00000", storage_options),
+                                    f"{root}/p00000", 0)
+    if not first.completed():
+        raise CheckpointNotFoundError(f"no complete version of partition 0 under {root}")
+    meta = first.load(max(first.completed()))
+    batch, count = int(meta.get("batch", 0)), int(meta.get("num_partitions") or 0)
+    count = count or len([n for n in names if re.fullmatch(r"p\d{5}", n)])
+    sources: list[RestoreSource] = []
+    for partition in range(count):
+        where = f"{root}/p{partition:05d}"
+        access = CheckpointStorageAccess(blob_store_for(where, storage_options), where, 0)
+        tasks = access.load(batch)["tasks"]
+        sources += [(handle, access.reader()) for handle in tasks.values()]
+    return sources
+
+
 class PartitionStore:
     """Opens, commits and retains the versions of one partition's keyed state."""
 
@@ -115,10 +174,12 @@ class PartitionStore:
                  operator_id: str, partition: int, key_serializer: TypeSerializer,
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM,
                  versions_retained: int = DEFAULT_VERSIONS_RETAINED,
-                 allow_missing_state: bool = False) -> None:
+                 allow_missing_state: bool = False, scaling: Scaling | None = None) -> None:
         self.backend_factory = backend
+        self.storage = storage
         self.manifest = OperatorManifest(storage, query_id, operator_id)
         self.allow_missing_state = allow_missing_state
+        self.scaling = scaling or Scaling()
         self.query_id = query_id
         self.operator_id = operator_id
         self.partition = partition
@@ -137,14 +198,14 @@ class PartitionStore:
     # --- open -----------------------------------------------------------------------------------
 
     def open(self, batch_id: int, attempt: str) -> KeyedStateBackend:
-        """The keyed backend holding the newest durable version before ``batch_id``."""
+        """The keyed backend holding this partition's state as of the end of batch ``batch_id - 1``:
+        its own newest version, or (partition count changed, new query from another's state) the
+        keys it now owns from the partitions of the run before."""
         self.batch, self.attempt = batch_id, attempt
-        base = max((v for v in self.access.completed() if v < batch_id), default=None)
-        if base is None and batch_id > 0:
-            self._check_nothing_missing(batch_id)
+        base, sources, owns, skip = self._plan(batch_id)
         with _LOCAL_LOCK:
             local = _LOCAL.pop(self._slot, None)
-        if local is not None and base is not None and local.version == base:
+        if local is not None and sources is None and base is not None and local.version == base:
             try:
                 durable_attempt = self.access.load(base).get("attempt")
             except (CheckpointNotFoundError, StatekitError):
@@ -159,26 +220,78 @@ class PartitionStore:
             key_group_range=KeyGroupRange.all(self.max_parallelism),
             max_parallelism=self.max_parallelism, operator_id=self.operator_id,
         )
-        if base is not None:
-            try:
-                handles = list(self.access.load(base)["tasks"].values())
-                backend.restore(handles, self.access.reader())
-            except BaseException:
-                backend.dispose()
-                raise
+        if sources is None and base is not None:
+            sources = [(h, self.access.reader()) for h in self.access.load(base)["tasks"].values()]
+        try:
+            if sources:
+                restore_into(backend, sources, key_filter=owns, skip_states=skip)
+        except BaseException:
+            backend.dispose()
+            raise
         self.backend, self.reused, self.restored_from = backend, False, base
         return backend
 
-    def _check_nothing_missing(self, batch_id: int) -> None:
-        """Every partition commits every batch, so a resumed query's partition has a version
-        before ``batch_id``: none means its state is gone, never "start empty" silently.  The
-        exception: the operator's first state is being written in this very batch (by this
-        partition's siblings too), as when it starts from empty state on purpose."""
-        if self.manifest.exists():
-            if int(self.manifest.load().get("first_batch", -1)) < batch_id:
-                raise self.manifest.missing(batch_id, self.partition)
-        elif not self.allow_missing_state:
+    def _plan(self, batch_id: int) -> tuple[int | None, list[RestoreSource] | None,
+                                            Callable[[Any], bool] | None, frozenset[str]]:
+        """What to restore: ``(own version, None, ...)`` normally, else explicit sources with
+        the key filter and the states to leave out."""
+        base = max((v for v in self.access.completed() if v < batch_id), default=None)
+        count = self.scaling.num_partitions
+        if base is not None and (count is None or self._current(base, batch_id, count)):
+            return base, None, None, frozenset()
+        latest = None if count is None else self._latest_run(batch_id)
+        if latest is not None:  # the partition count changed: take the keys this one now owns
+            batch, previous = latest
+            log.info("partition %d of %d restores from %d partitions at batch %d",
+                     self.partition, count, previous, batch)
+            return None, self._run_sources(batch, previous), self.scaling.owns, frozenset()
+        if not self._starts_now(batch_id):  # the operator had state, this partition has none
             raise self.manifest.missing(batch_id, self.partition)
+        if self.scaling.initial is not None:
+            return None, self.scaling.initial(), self.scaling.owns, QUERY_BOOKKEEPING
+        if batch_id > 0 and not self.manifest.exists() and not self.allow_missing_state:
+            raise self.manifest.missing(batch_id, self.partition)
+        return None, None, None, frozenset()
+
+    def _starts_now(self, batch_id: int) -> bool:
+        """Whether the operator's state starts with this batch: no state written before it (its
+        partitions may already have committed this very batch, in a run starting now)."""
+        return not self.manifest.exists() or int(
+            self.manifest.load().get("first_batch", -1)) >= batch_id
+
+    def _current(self, base: int, batch_id: int, count: int) -> bool:
+        """Whether version ``base`` belongs to the operator's latest run, at this partition count."""
+        if int(self.access.load(base).get("num_partitions", count)) != count:
+            return False
+        if base == batch_id - 1:  # every partition commits every batch: the common case
+            return True
+        latest = self._latest_run(batch_id)
+        return latest is not None and latest[0] == base
+
+    def _sibling(self, partition: int) -> CheckpointStorageAccess:
+        return self.storage.create_access(f"{self.query_id}/{self.operator_id}/p{partition:05d}")
+
+    def _latest_run(self, batch_id: int) -> tuple[int, int] | None:
+        """``(batch, partition count)`` of the newest version before ``batch_id`` of partition 0,
+        which every run writes; None when the operator has no state."""
+        first = self._sibling(0)
+        newest = max((v for v in first.completed() if v < batch_id), default=None)
+        if newest is None:
+            return None
+        meta = first.load(newest)
+        return int(meta.get("batch", newest)), int(meta.get("num_partitions", 1))
+
+    def _run_sources(self, batch: int, count: int) -> list[RestoreSource]:
+        """Every partition's version ``batch`` of the run that wrote it (``count`` partitions)."""
+        sources: list[RestoreSource] = []
+        for partition in range(count):
+            access = self._sibling(partition)
+            try:
+                tasks = access.load(batch)["tasks"]
+            except CheckpointNotFoundError:
+                raise self.manifest.missing(batch + 1, partition) from None
+            sources += [(handle, access.reader()) for handle in tasks.values()]
+        return sources
 
     # --- commit / abort -----------------------------------------------------------------------
 
@@ -191,7 +304,8 @@ class PartitionStore:
         handle = self.backend.snapshot(self.batch, streams).run()
         body = {
             "tasks": {"partition": handle}, "attempt": self.attempt, "batch": self.batch,
-            "partition": self.partition, "query_id": self.query_id,
+            "partition": self.partition, "num_partitions": self.scaling.num_partitions,
+            "query_id": self.query_id,
             "operator_id": self.operator_id, "max_parallelism": self.max_parallelism,
             "timestamp": int(time.time() * 1000), **(extra or {}),
         }

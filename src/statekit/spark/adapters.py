@@ -13,22 +13,22 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
 from statekit.errors import ConfigError, StatekitError
-from statekit.runtime import config as cfg
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
-from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED
-from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.spark import reporting, stopping
 from statekit.spark.jobmanager import DriverCheckpointStorage, QueryCheckpointStorage
-from statekit.spark.runner import AdapterSpec, PartitionTask, TaskInfo
+from statekit.spark.partitioning import grouping_types, key_types
 from statekit.spark.session import remember_working_roots
+from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
 SPARK_PREFIX = "spark.statekit."
 VERSIONS_RETAINED_KEY = "state.partition.versions-retained"
 ALLOW_MISSING_KEY = "execution.state-recovery.allow-missing-state"
+SAVEPOINT_KEY = "execution.savepoint.path"
 
 
 def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -61,24 +61,26 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     ``FsStateBackend``), else files under each query's Spark checkpoint location, so that state
     is as durable as the query.  JobManager storage lives in the driver's memory.
     """
-    if "state.backend.type" in conf:
-        backend = backend_from_config(conf)
-    else:
-        from statekit.backends.heap import HashMapStateBackend
-
-        backend = HashMapStateBackend().configure(dict(conf))
+    backend = backend_from_config(conf)
     if "state.checkpoint-storage" in conf or "state.checkpoints.dir" in conf:
         storage = storage_from_config(conf)
     else:
         storage = backend.default_checkpoint_storage() or QueryCheckpointStorage.start(spark, conf)
     if isinstance(storage, JobManagerCheckpointStorage) and storage.get_checkpoint_path() is None:
-        storage = DriverCheckpointStorage.start(storage)
+        storage = DriverCheckpointStorage.start(storage, spark)
     return backend, storage
 
 
-def _spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
-          operator_id: str | None, conf: Mapping[str, Any] | None) -> tuple[AdapterSpec, Any]:
-    """Resolve and check everything a query's tasks need, in the driver, before it starts."""
+def build_spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
+               operator_id: str | None, conf: Mapping[str, Any] | None,
+               grouped_df: Any = None) -> tuple[AdapterSpec, Any]:
+    """Resolve and check everything a query's tasks need, in the driver, before it starts.
+
+    Every adapter calls it: the function's type, the whole ``spark.statekit.*`` configuration,
+    backend and storage (a typo fails here, not in a task), and the output schema; with the
+    ``grouped_df`` of Spark's grouped APIs, also how Spark partitions its keys.  Returns the spec
+    the tasks receive and the output ``StructType``.
+    """
     if not isinstance(function, Function):
         raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
                         f"got {type(function).__name__}")
@@ -95,16 +97,18 @@ def _spec(spark: Any, function: Function, key_columns: list[str], output_schema:
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
         remember_working_roots(roots())
-    max_parallelism = cfg.get(flat, "pipeline.max-parallelism", cfg.parse_int,
-                              DEFAULT_MAX_PARALLELISM)
-    retained = cfg.get(flat, VERSIONS_RETAINED_KEY, cfg.parse_int, DEFAULT_VERSIONS_RETAINED)
     spec = AdapterSpec(
         function=function, backend=backend, storage=storage,
         operator_id=operator_id or type(function).__name__,
         key_columns=list(key_columns), output_columns=[f.name for f in schema.fields],
-        max_parallelism=max_parallelism, versions_retained=retained, conf=flat,
-        allow_missing_state=bool(cfg.get(flat, ALLOW_MISSING_KEY, cfg.parse_bool, False)),
+        max_parallelism=cfg.read(flat, "pipeline.max-parallelism"),
+        versions_retained=cfg.read(flat, VERSIONS_RETAINED_KEY), conf=flat,
+        allow_missing_state=bool(cfg.read(flat, ALLOW_MISSING_KEY)),
+        savepoint_path=flat.get(SAVEPOINT_KEY) or None, rescalable=grouped_df is None,
     )
+    if grouped_df is not None:  # Spark's groupBy shuffle: its partition count is the query's
+        spec.key_types = grouping_types(grouped_df)
+        spec.partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     return spec, schema
 
 
@@ -143,7 +147,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     spark = grouped_df._df.sparkSession
-    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf)  # Spark passes keys
+    spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
 
     class StatekitProcessor(StatefulProcessor):
         """Bridges Spark's per-key calls to the statekit function and partition store."""
@@ -196,7 +200,10 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
     The batch is repartitioned by ``key`` and processed with ``mapInArrow``; each partition
     commits its state at the end of its iterator, before the batch's output is handed to
     ``sink(output_df, batch_id)`` (materialized once, so the sink may read it many times).
+    ``num_partitions`` may change between runs of the query: state follows the keys.
     """
+    from pyspark import StorageLevel
+
     key_columns = [key] if isinstance(key, str) else list(key)
     if not key_columns or not all(isinstance(c, str) and c for c in key_columns):
         raise ConfigError("key", f"expected a column name or a list of them, got {key!r}")
@@ -204,8 +211,8 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         raise ConfigError("num_partitions", f"must be at least 1, got {num_partitions!r}")
     if not callable(sink):
         raise ConfigError("sink", f"expected a function (output_df, batch_id), got {sink!r}")
-    spec, schema = _spec(_active_session(), function, key_columns, output_schema, operator_id,
-                         conf)
+    spec, schema = build_spec(_active_session(), function, key_columns, output_schema,
+                              operator_id, conf)
 
     def run(batch_df: Any, batch_id: int) -> None:
         spark = batch_df.sparkSession
@@ -214,22 +221,31 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
             raise ConfigError("key", f"columns {missing} are not in the batch "
                                      f"(columns: {batch_df.columns})")
         partitions = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+        types = key_types(batch_df.schema, key_columns)
         out = batch_df.repartition(partitions, *key_columns).mapInArrow(
-            functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema),
-            schema)
-        sink(out.localCheckpoint(eager=True), batch_id)
+            functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema,
+                              partitions, types), schema)
+        # materialized once, so a sink reading it twice does not run the partitions twice; a
+        # block lost with its executor is recomputed, which commits the same version again
+        # (not localCheckpoint: its blocks cannot be recomputed, a lost worker failed the query)
+        out = out.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            out.count()
+            sink(out, batch_id)
+        finally:
+            out.unpersist()
 
     return run
 
 
 def _arrow_partition(spec: AdapterSpec, batch_id: int, columns: list[str], schema: Any,
-                     batches: Iterator[Any]) -> Iterator[Any]:
+                     partitions: int, types: list[str], batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema)
-
-    task = PartitionTask(spec, TaskInfo.current(batch_id))
+    info = TaskInfo.current(batch_id)
+    task = PartitionTask(spec, info, spec.scaling(info.partition, partitions, types))
     key_index = [columns.index(c) for c in spec.key_columns]
     out_names = spec.output_columns
     try:

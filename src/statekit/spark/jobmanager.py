@@ -18,26 +18,25 @@ import hmac
 import http.client
 import os
 import secrets
+import socketserver
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from statekit.checkpoint.storage import (
-    _INLINE_ALL,
-    CheckpointStorage,
-    CheckpointStorageAccess,
-    JobManagerCheckpointStorage,
-)
-from statekit.checkpoint.store import BlobStore, MemoryBlobStore, check_key
+from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.blobstore.base import BlobStore, check_key
+from statekit.checkpoint.blobstore.memory import MemoryBlobStore
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import INLINE_ALL, JobManagerCheckpointStorage
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import (
     CheckpointNotFoundError,
     CheckpointStorageError,
     StateSizeError,
     UnsafePathError,
 )
-from statekit.runtime.environment import storage_from_config
 
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 _TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
@@ -46,10 +45,11 @@ _TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
 class JobManagerServer:
     """The driver-side blob server (one per driver process, many query secrets)."""
 
-    _instance: JobManagerServer | None = None
+    _instances: dict[str, JobManagerServer] = {}
     _lock = threading.Lock()
 
-    def __init__(self, host: str = "127.0.0.1", max_request_bytes: int = MAX_REQUEST_BYTES) -> None:
+    def __init__(self, host: str = "127.0.0.1", max_request_bytes: int = MAX_REQUEST_BYTES,
+                 advertise: str | None = None) -> None:
         self.store = MemoryBlobStore()
         self.max_request_bytes = max_request_bytes
         self._secrets: set[str] = set()
@@ -145,20 +145,24 @@ class JobManagerServer:
                     server.store.delete(key)
                     self._reply(204)
 
-        self._httpd = ThreadingHTTPServer((host, 0), Handler)
+        self._httpd = _Server((host, 0), Handler)
         self._httpd.daemon_threads = True
-        self.url = f"http://{host}:{self._httpd.server_address[1]}"
+        self.url = f"http://{advertise or host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="statekit-jobmanager",
                                         daemon=True)
         self._thread.start()
 
     @classmethod
-    def get(cls) -> JobManagerServer:
-        """The server of this driver process, started on first use."""
+    def get(cls, spark: Any = None) -> JobManagerServer:
+        """The server of this driver process, started on first use, on the address executors
+        reach the driver at (``spark.driver.bindAddress`` / ``spark.driver.host``; loopback
+        without a session)."""
+        bind, advertise = _driver_address(spark)
         with cls._lock:
-            if cls._instance is None:
-                cls._instance = JobManagerServer()
-            return cls._instance
+            server = cls._instances.get(bind)
+            if server is None:
+                server = cls._instances[bind] = JobManagerServer(bind, advertise=advertise)
+            return server
 
     def new_secret(self) -> str:
         secret = secrets.token_urlsafe(24)
@@ -168,6 +172,25 @@ class JobManagerServer:
     def shutdown(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    """Binds without the reverse DNS lookup of the address that ``HTTPServer`` makes (a query to
+    the machine's name server for a cluster address)."""
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+def _driver_address(spark: Any) -> tuple[str, str]:
+    """``(bind, advertise)``: where the driver listens and the address executors use."""
+    if spark is None:
+        return "127.0.0.1", "127.0.0.1"
+    conf = spark.sparkContext.getConf()
+    host = conf.get("spark.driver.host", None) or "127.0.0.1"  # what Spark tells executors
+    return conf.get("spark.driver.bindAddress", None) or host, host
 
 
 class RemoteBlobStore(BlobStore):
@@ -257,8 +280,9 @@ class DriverCheckpointStorage(CheckpointStorage):
         self.max_state_size = max_state_size
 
     @classmethod
-    def start(cls, storage: JobManagerCheckpointStorage) -> DriverCheckpointStorage:
-        server = JobManagerServer.get()
+    def start(cls, storage: JobManagerCheckpointStorage, spark: Any = None
+              ) -> DriverCheckpointStorage:
+        server = JobManagerServer.get(spark)
         return cls(server.url, server.new_secret(), storage.get_max_state_size())
 
     def get_max_state_size(self) -> int:
@@ -269,7 +293,7 @@ class DriverCheckpointStorage(CheckpointStorage):
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         store = RemoteBlobStore(self.url, self.secret, job_id)
-        return CheckpointStorageAccess(store, f"jobmanager://{job_id}", _INLINE_ALL,
+        return CheckpointStorageAccess(store, f"jobmanager://{job_id}", INLINE_ALL,
                                        self.max_state_size)
 
 
@@ -335,7 +359,7 @@ class QueryCheckpointStorage(CheckpointStorage):
     @classmethod
     def start(cls, spark: Any, conf: Mapping[str, Any]) -> QueryCheckpointStorage:
         """The storage for queries of ``spark``, with the driver's server answering lookups."""
-        server = JobManagerServer.get()
+        server = JobManagerServer.get(spark)
         server.locate = lambda query_id: query_checkpoint_root(spark, query_id)
         return cls(server.url, server.new_secret(), conf)
 
@@ -361,8 +385,8 @@ class QueryCheckpointStorage(CheckpointStorage):
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         query_id = job_id.split("/", 1)[0]
-        storage = storage_from_config({**self.conf, "state.checkpoint-storage": "filesystem",
-                                       "state.checkpoints.dir": self.root(query_id)})
+        storage = FileSystemCheckpointStorage.from_config(
+            {**self.conf, "state.checkpoints.dir": self.root(query_id)})
         return storage.create_access(job_id)
 
     def __repr__(self) -> str:

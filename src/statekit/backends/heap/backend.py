@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from statekit.backends.base import KeyedStateBackend, SnapshotRun, StateMeta
+from statekit.backends.base import KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.heap.snapshot import (
     HEAP_CHANGELOG_FORMAT,
     RUNS,
@@ -29,6 +29,7 @@ from statekit.backends.heap.tables import (
 )
 from statekit.backends.kvformat import (
     KV_FORMAT,
+    KV_FORMATS,
     check_kv_handle,
     plain_in_range,
     read_kv_entry,
@@ -168,11 +169,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     # --- restore -----------------------------------------------------------------------------------
 
-    def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
+    native_formats = (*KV_FORMATS, HEAP_CHANGELOG_FORMAT)
+    filterable_formats = native_formats
+
+    def restore_sources(self, sources: list[RestoreSource], *,
+                        key_filter: Callable[[Any], bool] | None = None,
+                        skip_states: frozenset[str] = frozenset()) -> None:
         """Load this range's entries of full (``KV_FORMATS``) and incremental handles; the values
         stay in plain form until their state is registered (its serializer is known then)."""
         mine = self.key_group_range
-        for handle in handles:
+        for handle, reader in sources:
             incremental = handle.get("format") == HEAP_CHANGELOG_FORMAT
             if incremental:
                 handle = {**handle, "format": KV_FORMAT}  # the same range and parallelism checks
@@ -180,15 +186,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             if not len(theirs.intersection(mine)):
                 continue
             whole = mine.start <= theirs.start and theirs.end <= mine.end
+            load = _Load(self, reader, whole, key_filter, skip_states)
             if not incremental:
                 for name, entry in handle["states"].items():
-                    self._load_entry(name, entry, reader, whole)
+                    load.entry(name, entry)
                 continue
             for name, entry in handle.get("base", {}).items():
-                self._load_entry(name, entry, reader, whole)
+                load.entry(name, entry)
             for log in handle.get("logs", []):  # replayed in order over the base
                 for name, entry in log.items():
-                    self._replay_log(name, entry, reader)
+                    load.log(name, entry)
 
     def _restored_data(self, name: str, entry: dict[str, Any]) -> dict[Any, Any]:
         """The restored (key -> plain value) dict of state ``name``, created on first use."""
@@ -200,36 +207,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             restored = self._restored[name] = Restored(entry["layout"], entry["kind"])
         return restored.data
 
-    def _load_entry(self, name: str, entry: dict[str, Any], reader: StateReader,
-                    whole: bool) -> None:
-        """Add one state entry's in-range entries; ``whole``: the writer's range is inside ours."""
-        data = self._restored_data(name, entry)
-        key_ser, rng = self.key_serializer, self.key_group_range
-        if entry.get("encoding") == "plain":
-            key_from = None if key_ser.identity else key_ser.from_plain
-            for keys, values in read_plain_entry(name, entry, reader):
-                if not whole:
-                    keys, values = plain_in_range(keys, values, rng, self.max_parallelism)
-                data.update(zip(keys if key_from is None else map(key_from, keys), values,
-                                strict=True))
-            return
-        for kg, parts in read_kv_entry(name, entry, reader, rng):
-            if len(parts) != 2:
-                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
-            data.update(zip(map(key_ser.deserialize, parts[0]), map(unpackb, parts[1]),
-                            strict=True))
-
-    def _replay_log(self, name: str, entry: dict[str, Any], reader: StateReader) -> None:
-        """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
-        data = self._restored_data(name, entry)
-        key_de = self.key_serializer.deserialize
-        for kg, parts in read_kv_entry(name, entry, reader, self.key_group_range):
-            if len(parts) != 3:
-                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
-            puts_k, puts_v, removes = parts
-            data.update(zip(map(key_de, puts_k), map(unpackb, puts_v), strict=True))
-            for kb in removes:
-                data.pop(key_de(kb), None)
 
     # --- bulk access -------------------------------------------------------------------------------
 
@@ -271,3 +248,59 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._states.clear()
         self._attempts.clear()
         self._confirmed = None
+
+
+class _Load:
+    """Loads one source's entries into a heap backend's restored dicts (range, key filter)."""
+
+    def __init__(self, backend: HeapKeyedStateBackend, reader: StateReader, whole: bool,
+                 key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str]) -> None:
+        self.backend, self.reader, self.whole = backend, reader, whole
+        self.key_filter, self.skip_states = key_filter, skip_states
+
+    def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
+        keep = self.key_filter
+        if keep is None:
+            return keys, values
+        kept = [i for i, key in enumerate(keys) if keep(key)]
+        return [keys[i] for i in kept], [values[i] for i in kept]
+
+    def entry(self, name: str, entry: dict[str, Any]) -> None:
+        """Add one state entry's in-range entries (``whole``: the writer's range is inside ours)."""
+        if name in self.skip_states:
+            return
+        backend = self.backend
+        data = backend._restored_data(name, entry)
+        key_ser, rng = backend.key_serializer, backend.key_group_range
+        if entry.get("encoding") == "plain":
+            key_from = None if key_ser.identity else key_ser.from_plain
+            for keys, values in read_plain_entry(name, entry, self.reader):
+                if not self.whole:
+                    keys, values = plain_in_range(keys, values, rng, backend.max_parallelism)
+                if key_from is not None:
+                    keys = list(map(key_from, keys))
+                keys, values = self._keep(keys, values)
+                data.update(zip(keys, values, strict=True))
+            return
+        for kg, parts in read_kv_entry(name, entry, self.reader, rng):
+            if len(parts) != 2:
+                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+            keys, values = self._keep(list(map(key_ser.deserialize, parts[0])),
+                                      list(map(unpackb, parts[1])))
+            data.update(zip(keys, values, strict=True))
+
+    def log(self, name: str, entry: dict[str, Any]) -> None:
+        """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
+        if name in self.skip_states:
+            return
+        backend = self.backend
+        data = backend._restored_data(name, entry)
+        key_de = backend.key_serializer.deserialize
+        for kg, parts in read_kv_entry(name, entry, self.reader, backend.key_group_range):
+            if len(parts) != 3:
+                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
+            puts_k, puts_v, removes = parts
+            keys, values = self._keep(list(map(key_de, puts_k)), list(map(unpackb, puts_v)))
+            data.update(zip(keys, values, strict=True))
+            for kb in removes:
+                data.pop(key_de(kb), None)

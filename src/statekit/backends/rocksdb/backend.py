@@ -16,17 +16,17 @@ from typing import Any
 from rocksdict import Options, Rdict, WriteBatch
 
 from statekit import workdirs
-from statekit.backends.base import NO_KEY, KeyedStateBackend, SnapshotRun, StateMeta
+from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
+from statekit.backends.kvformat import KV_FORMATS
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
 from statekit.backends.rocksdb.restore import RocksDBRestoreOperation
-from statekit.backends.rocksdb.snapshot import RocksDBSnapshotStrategy
+from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, RocksDBSnapshotStrategy
 from statekit.backends.rocksdb.states import (
     RocksDBListState,
     RocksDBMapState,
     RocksDBValueState,
     RocksState,
 )
-from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
@@ -275,8 +275,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         with self._lock:
             self._pending.pop(checkpoint_id, None)
 
-    def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
+    native_formats = (*KV_FORMATS, ROCKSDB_FORMAT)
+    filterable_formats = KV_FORMATS
+
+    def restore_sources(self, sources: list[RestoreSource], *,
+                        key_filter: Callable[[Any], bool] | None = None,
+                        skip_states: frozenset[str] = frozenset()) -> None:
         """Native handles (the one overlapping most is the base) and backend-neutral ones."""
         if self._states:
             raise StateError("restore must happen before any state is registered")
-        RocksDBRestoreOperation(self).restore(handles, reader)
+        RocksDBRestoreOperation(self).restore(sources, key_filter, skip_states)

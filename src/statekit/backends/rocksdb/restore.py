@@ -25,6 +25,7 @@ from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
+    from statekit.backends.base import RestoreSource
     from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
 
 _BATCH = 20_000  # puts per write batch while restoring (bounds the batch's memory)
@@ -82,12 +83,14 @@ class RocksDBRestoreOperation:
     def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
         self.backend = backend
 
-    def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
-        """Replace the backend's database with the key groups of its range from ``handles``."""
+    def restore(self, sources: list[RestoreSource], key_filter: Callable[[Any], bool] | None = None,
+                skip_states: frozenset[str] = frozenset()) -> None:
+        """Replace the backend's database with the key groups of its range from ``sources``."""
         backend = self.backend
         mine = backend.key_group_range
-        native, neutral = [], []
-        for handle in handles:
+        native: list[tuple[int, dict[str, Any], StateReader]] = []
+        neutral: list[RestoreSource] = []
+        for handle, reader in sources:
             fmt = handle.get("format")
             kgr = KeyGroupRange.of(handle["key_group_range"])
             if len(kgr.intersection(mine)) == 0:
@@ -98,16 +101,20 @@ class RocksDBRestoreOperation:
                         f"checkpoint was taken with max_parallelism {handle['max_parallelism']}, "
                         f"this job uses {backend.max_parallelism}"
                     )
-                native.append((len(kgr.intersection(mine)), handle))
+                if key_filter is not None or skip_states:
+                    raise CorruptCheckpointError(
+                        "a native RocksDB checkpoint restores only whole key groups: convert it "
+                        "first (statekit.backends.transfer.restore_into)")
+                native.append((len(kgr.intersection(mine)), handle, reader))
             elif fmt in KV_FORMATS:
-                neutral.append(handle)
+                neutral.append((handle, reader))
             else:
                 raise CorruptCheckpointError(f"cannot restore snapshot format {fmt!r} into RocksDB")
         self._reset_db()
-        native.sort(key=lambda pair: -pair[0])
+        native.sort(key=lambda item: -item[0])
         if native:
-            base = native[0][1]
-            self._download(base, reader, backend.db_path)
+            _, base, base_reader = native[0]
+            self._download(base, base_reader, backend.db_path)
             backend._ensure_open()
             lo, hi = backend._kgp[mine.start], kg_after(mine.end, backend._kgp)
             for name in base["states"]:
@@ -116,10 +123,10 @@ class RocksDBRestoreOperation:
                     cf.delete_range(b"", lo)
                 cf.delete_range(hi, KG_END)
             self._note_states(base)
-            for _, handle in native[1:]:
+            for _, handle, reader in native[1:]:
                 self._copy_from(handle, reader)
         if neutral:
-            self._ingest_kv(neutral, reader)
+            self._ingest_kv(neutral, key_filter, skip_states)
         if not native and not neutral:
             backend._ensure_open()
 
@@ -171,13 +178,18 @@ class RocksDBRestoreOperation:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _ingest_kv(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
+    def _ingest_kv(self, sources: list[RestoreSource], key_filter: Callable[[Any], bool] | None,
+                   skip_states: frozenset[str]) -> None:
         """Load backend-neutral chunks (heap checkpoints, savepoints) as RocksDB entries."""
         backend = self.backend
         writer = _BatchWriter(backend._ensure_open())
         kgp = backend._kgp
-        for name, entry, kg, keys, values in read_kv_states(handles, reader, backend.key_group_range,
-                                                            backend.max_parallelism):
+        entries = (item for handle, reader in sources
+                   for item in read_kv_states([handle], reader, backend.key_group_range,
+                                              backend.max_parallelism, key_filter))
+        for name, entry, kg, keys, values in entries:
+            if name in skip_states:
+                continue
             self._note_state(name, entry)
             backend._cf(name)
             handle = backend._db.get_column_family_handle(name)
