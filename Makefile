@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-local test test-slow test-cluster lint bench clean
+.PHONY: demo demo-local test test-slow test-cluster lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) VENV=$(VENV) tools/setup-venv
@@ -48,5 +48,9 @@ bench-quick: $(STAMP)  ## < 3 min, no timing assertions (CI): benchmarks/results
 		--spark benchmarks/results/spark-quick.json --out benchmarks/results/quick.md \
 		--img-dir benchmarks/results/img-quick; exit $$status
 
+docs: $(STAMP)  ## the documentation site in site/ (MkDocs, strict: a broken link fails)
+	$(VENV)/bin/python -m mkdocs --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install -q "mkdocs>=1.6,<2"
+	$(VENV)/bin/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks site
