@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-local test test-slow test-cluster lint bench clean
+.PHONY: demo demo-local test test-slow test-cluster lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) VENV=$(VENV) tools/setup-venv
@@ -31,7 +31,7 @@ lint: $(STAMP)
 
 BENCH_PYTEST := $(PY) -m pytest benchmarks --ignore=benchmarks/diskprofiles -p no:cacheprovider -q -s \
 	-o testpaths=benchmarks --benchmark-sort=name --benchmark-columns=min,median,max,rounds
-BENCH_QUICK_ARGS ?= -m "not spark"
+BENCH_QUICK_ARGS ?= -m "not spark and not large"
 
 bench: $(STAMP)  ## full run (~15 min with the Spark end-to-end part): benchmarks/results/full.json -> docs/benchmarks.md, docs/img/
 	mkdir -p benchmarks/results
@@ -48,5 +48,9 @@ bench-quick: $(STAMP)  ## < 3 min, no timing assertions (CI): benchmarks/results
 		--spark benchmarks/results/spark-quick.json --out benchmarks/results/quick.md \
 		--img-dir benchmarks/results/img-quick; exit $$status
 
+docs: $(STAMP)  ## the documentation site in site/ (MkDocs, strict: a broken link fails)
+	$(VENV)/bin/python -m mkdocs --version >/dev/null 2>&1 || $(VENV)/bin/python -m pip install -q "mkdocs>=1.6,<2"
+	$(VENV)/bin/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks site

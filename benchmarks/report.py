@@ -368,6 +368,26 @@ and after it.
     return text + "\n"
 
 
+def section_export(data: dict[str, Any]) -> str:
+    """The 1 GiB state export (``benchmarks/test_export_bench.py``, marker ``large``)."""
+    runs = [b["extra_info"] for b in by_test(data, "test_export_1gib_parquet")]
+    head = "## Exporting a state (`statekit state export`, Parquet)\n\n"
+    if not runs:
+        return head + "`benchmarks/test_export_bench.py` (marker `large`) was not part of this run.\n"
+    e = runs[0]
+    disk = e.get("disk", {}).get("best", {})
+    return head + (
+        "One heap value state exported by the real command in its own process from a cold page "
+        "cache, its output fsynced, against the disk's sequential write (+fsync) throughput "
+        "measured in the same test; peak RSS from `wait4`.\n\n") + table(
+        ["state", "parquet", "export", "written", "disk write (best)", "export / disk",
+         "disk, one fsynced file", "export / that", "peak RSS"],
+        [[fmt_bytes(e.get("state_bytes")), fmt_bytes(e.get("parquet_bytes")), fmt_s(e.get("export_s")),
+          f"{e.get('export_write_mb_s')} MB/s", f"{disk.get('write_mb_s')} MB/s",
+          fmt_pct(e.get("export_vs_disk_write")), f"{e.get('disk_one_file_write_mb_s')} MB/s",
+          fmt_pct(e.get("export_vs_disk_one_file")), f"{e.get('peak_rss_mib')} MiB"]]) + "\n"
+
+
 def section_disks(data: dict[str, Any], img: Path, rel: str) -> tuple[str, dict[str, Any]]:
     runs = {(b["extra_info"]["disk"], b["extra_info"]["options"]): b["extra_info"]
             for b in by_test(data, "test_rocksdb_options_on_disk_profile") if "disk" in b["extra_info"]}
@@ -626,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         acc_text,
         ck_text,
         section_heap_snapshot(data),
+        section_export(data),
         disk_text,
         section_spark(args.spark, args.img_dir, rel),
     ]

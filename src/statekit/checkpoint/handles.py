@@ -61,6 +61,7 @@ def file_paths(obj: Any) -> set[str]:
 
 
 def verify_body(body: dict[str, Any], reader: StateReader) -> None:
-    """Read back every file handle in a metadata body, checking path, size and checksum."""
+    """Read back every file handle in a metadata body, checking path, size and checksum (each
+    file streamed in spans, never held in memory whole)."""
     for handle in file_handles(body):
-        reader.read(handle)
+        reader.check(handle)

@@ -137,6 +137,15 @@ class CheckpointStorageAccess:
         ``temporary`` also deletes temp files of interrupted local writes (only safe while no
         writer is active, e.g. at job start after a crash).
         """
+        removed = self.orphans(in_flight, temporary)
+        for key in removed:
+            self.store.delete(key)
+        return removed
+
+    def orphans(self, in_flight: set[str] | None = None, temporary: bool = True) -> list[str]:
+        """What :meth:`cleanup_orphans` deletes, without deleting it: files under ``chk-<n>/`` of
+        checkpoints without ``_metadata`` and ``shared/`` files no complete checkpoint references
+        (and leftover temp files with ``temporary``)."""
         completed = self.completed()
         referenced: set[str] = set(in_flight or ())
         for cid in completed:
@@ -150,8 +159,6 @@ class CheckpointStorageAccess:
                 removed.append(key)
         if temporary:
             removed += self.store.list_temporary()
-        for key in removed:
-            self.store.delete(key)
         return removed
 
     # --- task attempt markers --------------------------------------------------------------------

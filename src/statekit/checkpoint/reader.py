@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from statekit.checkpoint.blobstore.base import BlobStore, check_key, write_local_file
@@ -116,6 +116,35 @@ class StateReader:
                 f"{where}: {len(data)} bytes, metadata records {handle.get('size')}"
             )
         return _verified(where, data, 0, len(data), handle.get("crc"))
+
+    def check(self, handle: dict[str, Any], progress: Callable[[int], None] | None = None) -> int:
+        """Verify the handle's bytes (path, size, CRC-32) without holding a file in memory: a file
+        is read in spans of up to ``_SPAN`` bytes; ``progress(n)`` is told each span's size.
+        Returns the size; typed errors as :meth:`read`."""
+        if handle.get("type") != "file":
+            size = len(self.read(handle))
+            if progress is not None:
+                progress(size)
+            return size
+        path = check_key(str(handle.get("path")))
+        size = handle.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise CorruptCheckpointError(f"{path}: metadata records no valid size")
+        # the last span asks for one byte more: a longer file is as damaged as a shorter one
+        ranges = [(start, min(_SPAN, size - start)) for start in range(0, size, _SPAN)]
+        if ranges:
+            ranges[-1] = (ranges[-1][0], ranges[-1][1] + 1)
+        crc = seen = 0
+        spans = self.store.get_ranges(path, ranges) if ranges else [self.store.get(path)]
+        for data in spans:
+            crc, seen = zlib.crc32(data, crc), seen + len(data)
+            if progress is not None:
+                progress(len(data))
+        if seen != size:
+            raise TruncatedCheckpointError(f"{path}: {seen} bytes, metadata records {size}")
+        if crc != handle.get("crc"):
+            raise ChecksumMismatchError(f"{path}: checksum mismatch")
+        return size
 
     def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
                   allow_link: bool = False) -> None:

@@ -98,3 +98,17 @@ def unpackb(data: bytes) -> Any:
     except Exception as exc:  # msgpack raises several unrelated types on damaged input
         raise SerializationError(f"cannot decode state bytes: {exc}") from exc
 
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def unpack_each(encoded: list[bytes]) -> list[Any]:
+    """Decode many separately encoded values in one C call (as one array made of their bytes)."""
+    return unpackb(array_header(len(encoded)) + b"".join(encoded)) if encoded else []

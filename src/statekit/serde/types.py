@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from statekit.serde.msgpack import packb, unpackb
 from statekit.serde.serializers import (
@@ -30,12 +31,14 @@ __all__ = [
     "MapSerializer",
     "NamedRowSerializer",
     "PickleSerializer",
+    "PickledBytesSerializer",
     "TupleSerializer",
     "TypeInformation",
     "TypeSerializer",
     "Types",
     "packb",
     "serializer_for",
+    "serializer_from_config",
     "unpackb",
 ]
 
@@ -220,3 +223,49 @@ def serializer_for(type_info: TypeInformation | TypeSerializer | None) -> TypeSe
     if isinstance(type_info, TypeInformation):
         return type_info.get_serializer()
     raise TypeError(f"expected TypeInformation from statekit.Types, got {type(type_info).__name__}")
+
+
+# --- serializers from their recorded config --------------------------------------------------------
+
+_SCALAR_CONFIGS: dict[str, Callable[[], TypeInformation]] = {
+    "STRING": Types.STRING, "BYTE": Types.BYTE, "SHORT": Types.SHORT, "INT": Types.INT,
+    "LONG": Types.LONG, "BOOLEAN": Types.BOOLEAN, "FLOAT": Types.FLOAT, "DOUBLE": Types.DOUBLE,
+    "CHAR": Types.CHAR, "BIG_INT": Types.BIG_INT, "BIG_DEC": Types.BIG_DEC,
+    "SQL_DATE": Types.SQL_DATE, "SQL_TIME": Types.SQL_TIME, "SQL_TIMESTAMP": Types.SQL_TIMESTAMP,
+    "INSTANT": Types.INSTANT, "generic": Types.GENERIC,
+    "BYTES": lambda: Types.PRIMITIVE_ARRAY(Types.BYTE()),
+}
+_LIST_CONFIGS = ("list", "basic_array", "object_array", "primitive_array")
+
+
+class PickledBytesSerializer(TypeSerializer):
+    """Reads pickled values as their raw pickle bytes and never unpickles them: what a reader
+    that did not opt into pickle gets for a ``Types.PICKLED_BYTE_ARRAY()`` state."""
+
+    def config(self) -> Any:
+        return "pickle"
+
+
+def serializer_from_config(config: Any) -> TypeSerializer:
+    """The serializer whose :meth:`TypeSerializer.config` is ``config`` (as recorded in a
+    checkpoint's state layout), for reading state without its descriptor.
+
+    A pickled type becomes :class:`PickledBytesSerializer`: its values stay pickle bytes.
+    Unknown configs raise ``ValueError``.
+    """
+    if isinstance(config, str):
+        if config == "pickle":
+            return PickledBytesSerializer()
+        if config in _SCALAR_CONFIGS:
+            return _SCALAR_CONFIGS[config]().get_serializer()
+    elif isinstance(config, list | tuple) and config:
+        name = config[0]
+        if name in _LIST_CONFIGS and len(config) == 2:
+            return ListSerializer(serializer_from_config(config[1]), name)
+        if name == "map" and len(config) == 3:
+            return MapSerializer(serializer_from_config(config[1]), serializer_from_config(config[2]))
+        if name in ("tuple", "row") and len(config) == 2:
+            return TupleSerializer([serializer_from_config(c) for c in config[1]], name)
+        if name == "row_named" and len(config) == 3:
+            return NamedRowSerializer(list(config[1]), [serializer_from_config(c) for c in config[2]])
+    raise ValueError(f"unknown serializer config {config!r}")

@@ -2,17 +2,20 @@
 
 from statekit.spark.adapters import foreach_batch, statekit_conf, transform_with_state
 from statekit.spark.apply_in_pandas import apply_in_pandas_with_state
+from statekit.spark.datasource import StatekitDataSource, register_data_source
 from statekit.spark.reporting import statekit_error
 from statekit.spark.session import cluster_spark, local_spark, quiet_stop_noise, quiet_tws_driver_worker
 
 quiet_tws_driver_worker()
 
 __all__ = [
+    "StatekitDataSource",
     "apply_in_pandas_with_state",
     "cluster_spark",
     "foreach_batch",
     "local_spark",
     "quiet_stop_noise",
+    "register_data_source",
     "statekit_conf",
     "statekit_error",
     "transform_with_state",

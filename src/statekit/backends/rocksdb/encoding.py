@@ -15,20 +15,12 @@ import msgpack
 from rocksdict import Rdict
 
 from statekit.errors import CorruptCheckpointError
+from statekit.serde.msgpack import array_header
 from statekit.state.ttl import stamp_of
 
 SEQ_MAX = b"\xff" * 8
 KG_END = b"\x80"  # key groups are < 2**15, so every key sorts below this
 NIL = b"\xc0"  # msgpack nil: a None map value inside a serialized map
-
-
-def array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def split_array(buf: bytes) -> list[bytes]:
@@ -62,15 +54,27 @@ def kg_after(end: int, kgp: list[bytes]) -> bytes:
     return kgp[end + 1] if end + 1 < len(kgp) else (end + 1).to_bytes(2, "big")
 
 
-def grouped(cf: Rdict, kind: str) -> Iterator[tuple[int, bytes, bytes]]:
-    """(key group, serialized key, backend-neutral serialized value) per key, in key order."""
+def _items(cf: Rdict, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    if not start and end is None:
+        yield from cf.items()
+        return
+    for key, value in cf.items(from_key=start):
+        if end is not None and key >= end:
+            return
+        yield key, value
+
+
+def grouped(cf: Rdict, kind: str, start: bytes = b"", end: bytes | None = None
+            ) -> Iterator[tuple[int, bytes, bytes]]:
+    """(key group, serialized key, backend-neutral serialized value) per key, in key order;
+    only keys in ``[start, end)`` when given (a key-group range: see :func:`kg_after`)."""
     if kind == "value":
-        for key, value in cf.items():
+        for key, value in _items(cf, start, end):
             yield int.from_bytes(key[:2], "big"), key[2:], value
         return
     prefix: bytes | None = None
     parts: list[bytes] = []
-    for key, value in cf.items():
+    for key, value in _items(cf, start, end):
         if prefix is None or not key.startswith(prefix):
             if prefix is not None and parts:
                 yield int.from_bytes(prefix[:2], "big"), prefix[2:], combine(parts)

@@ -51,6 +51,32 @@ class _BatchWriter:
             self.db.write(self.batch)
 
 
+def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
+                    pool_map: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None,
+                    progress: Callable[[int], None] | None = None) -> None:
+    """Download the files of a native RocksDB checkpoint handle into ``dest`` (each verified for
+    size and CRC-32), on ``pool_map``'s threads when given; ``progress(n)`` per file's bytes."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = list(handle.get("sst", {}).items()) + list(handle.get("misc", {}).items())
+    for name, _ in files:
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name:
+            raise CorruptCheckpointError(f"unsafe file name {name!r} in a RocksDB checkpoint")
+
+    def fetch(item: tuple[str, dict[str, Any]]) -> None:
+        # SST files are immutable: a local-disk store may hard-link them (Flink's local
+        # recovery); MANIFEST, CURRENT, OPTIONS... are copied, RocksDB may rewrite them
+        name, file_handle = item
+        reader.read_file(file_handle, dest / name, allow_link=name.endswith(".sst"))
+        if progress is not None:
+            progress(int(file_handle.get("size", 0)))
+
+    if pool_map is None:
+        for item in files:
+            fetch(item)
+    else:
+        pool_map(fetch, files)
+
+
 class RocksDBRestoreOperation:
     """Restores one RocksDB keyed backend from task handles of any partitioning."""
 
@@ -122,19 +148,7 @@ class RocksDBRestoreOperation:
             self._note_state(name, entry)
 
     def _download(self, handle: dict[str, Any], reader: StateReader, dest: Path) -> None:
-        dest.mkdir(parents=True, exist_ok=True)
-        files = list(handle.get("sst", {}).items()) + list(handle.get("misc", {}).items())
-        for name, _ in files:
-            if "/" in name or name.startswith(".") or not name:
-                raise CorruptCheckpointError(f"unsafe file name {name!r} in a RocksDB checkpoint")
-
-        def fetch(item: tuple[str, dict[str, Any]]) -> None:
-            # SST files are immutable: a local-disk store may hard-link them (Flink's local
-            # recovery); MANIFEST, CURRENT, OPTIONS... are copied, RocksDB may rewrite them
-            name, file_handle = item
-            reader.read_file(file_handle, dest / name, allow_link=name.endswith(".sst"))
-
-        self.backend._pool_map(fetch, files)
+        download_native(handle, reader, dest, self.backend._pool_map)
 
     def _copy_from(self, handle: dict[str, Any], reader: StateReader) -> None:
         """Copy the in-range key groups of another partition's checkpoint into this database."""

@@ -1,0 +1,341 @@
+"""Opening one checkpoint, savepoint or Spark batch, and walking it: operators, partitions (task
+handles with their key-group ranges), states; each state readable as Arrow record batches.
+
+``open_checkpoint`` accepts what users have at hand: a ``chk-<n>`` directory (or its
+``_metadata``), a savepoint directory, a job directory (its newest complete checkpoint, or
+``checkpoint_id``), a Spark query's statekit root or its ``checkpointLocation`` (every partition's
+newest version, or the one of ``batch``), on the local disk or any fsspec URL.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from statekit.checkpoint.layout import METADATA
+from statekit.checkpoint.metadata import decode_metadata
+from statekit.errors import CheckpointNotFoundError, StateError, StatekitError
+from statekit.inspection import catalog
+from statekit.inspection.arrow import RowPlan, TypeChoice, describe, record_batches
+from statekit.inspection.entries import (
+    PartitionSource,
+    iter_chunks,
+    peek_count,
+    state_entries,
+)
+from statekit.inspection.model import CheckpointInfo, PartitionInfo, StateInfo, handle_size
+from statekit.serde.keygroups import KeyGroupRange
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+Progress = Callable[[int], None] | None
+_CHK_DIR = re.compile(r"^chk-(\d+)$")
+_OPERATOR = re.compile(r"^(.*)-(\d+)$")
+_SNAPSHOT_IDS = 1_000_000  # applyInPandasWithState snapshot ids start here (batch + 1) * 10**6
+
+
+@dataclass(frozen=True)
+class StateSplit:
+    """A picklable piece of one state: one partition, optionally one key-group range of it."""
+
+    source: PartitionSource
+    state: str
+    key_groups: tuple[int, int] | None = None
+
+
+class StateView:
+    """One state of an opened checkpoint, across the partitions that hold it."""
+
+    def __init__(self, name: str, operator: str, parts: list[tuple[PartitionInfo, StateInfo,
+                                                                        PartitionSource]]) -> None:
+        self.name = name
+        self.operator = operator
+        self._parts = parts
+        first = parts[0][1]
+        self.kind, self.layout, self.ttl = first.kind, first.layout, first.ttl
+        self.value_type, self.user_key_type = first.value_type, first.user_key_type
+        self._plans: dict[tuple[Any, ...], RowPlan] = {}
+
+    @property
+    def partitions(self) -> list[PartitionInfo]:
+        return [p for p, _, _ in self._parts]
+
+    @property
+    def bytes(self) -> int | None:
+        """Bytes of the state's own data, when its encoding records them (not RocksDB)."""
+        sizes = [s.bytes for _, s, _ in self._parts]
+        return None if any(b is None for b in sizes) else sum(b for b in sizes if b is not None)
+
+    @property
+    def keys(self) -> int | None:
+        """Number of keys, when it is known without reading the state (see :meth:`count`)."""
+        counts = [s.keys for _, s, _ in self._parts]
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+
+    def plan(self, key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
+             user_key_type: TypeChoice = "auto") -> RowPlan:
+        """How entries become rows (untyped columns inferred from the first entries once)."""
+        cache_key = (str(key_type), str(value_type), str(user_key_type))
+        plan = self._plans.get(cache_key)
+        if plan is None:
+            plan = RowPlan(self.layout, self.kind, self._sample, key_type=key_type,
+                           value_type=value_type, user_key_type=user_key_type)
+            self._plans[cache_key] = plan
+        return plan
+
+    def _sample(self) -> Any:
+        for _, _, source in self._parts:
+            for chunk in iter_chunks(source, self.name):
+                if chunk.keys:
+                    return chunk
+        return None
+
+    def schema(self, key_type: TypeChoice = "auto", value_type: TypeChoice = "auto") -> pa.Schema:
+        """The Arrow schema of :meth:`read_batches`: ``key``, ``index`` (lists) or ``user_key``
+        (maps), ``value``, and ``ttl_timestamp`` for TTL states."""
+        return self.plan(key_type, value_type).schema
+
+    def splits(self, key_group_splits: int = 1) -> list[StateSplit]:
+        """The state cut into picklable pieces: per partition, ``key_group_splits`` key-group
+        ranges each (Spark reads one per task)."""
+        out = []
+        for _, _, source in self._parts:
+            rng = source.key_groups
+            n = max(1, min(int(key_group_splits), len(rng)))
+            for i in range(n):
+                lo = rng.start + len(rng) * i // n
+                hi = rng.start + len(rng) * (i + 1) // n - 1
+                out.append(StateSplit(source, self.name, None if n == 1 else (lo, hi)))
+        return out
+
+    def read_batches(self, *, key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
+                     partitions: list[int] | None = None, key_groups: tuple[int, int] | None = None,
+                     batch_rows: int = 65536, progress: Progress = None
+                     ) -> Iterator[pa.RecordBatch]:
+        """The state as record batches, streamed: one batch (about ``batch_rows`` rows) in
+        memory at a time.  ``partitions`` (indexes into :attr:`partitions`) and ``key_groups``
+        (an inclusive range) select part of it; ``progress(n)`` is told the bytes read."""
+        plan = self.plan(key_type, value_type)
+        rng = None if key_groups is None else KeyGroupRange.of(key_groups)
+        chosen = [src for i, (_, _, src) in enumerate(self._parts)
+                  if partitions is None or i in partitions]
+
+        def chunks() -> Iterator[Any]:
+            for source in chosen:
+                yield from iter_chunks(source, self.name, rng, progress)
+
+        yield from record_batches(plan, chunks(), batch_rows)
+
+    def count(self, progress: Progress = None) -> int:
+        """The exact number of keys (reads the whole state, streaming)."""
+        return sum(len(chunk.keys) for _, _, source in self._parts
+                   for chunk in iter_chunks(source, self.name, progress=progress))
+
+    def to_pandas(self, **options: Any) -> pd.DataFrame:
+        """The whole state as one DataFrame: for small states (tests, notebooks); large ones
+        belong in :meth:`read_batches` or :func:`statekit.inspection.export_state`."""
+        import pyarrow as pa
+
+        plan = self.plan(options.get("key_type", "auto"), options.get("value_type", "auto"))
+        batches = list(self.read_batches(**options))
+        return pa.Table.from_batches(batches, schema=plan.schema).to_pandas()
+
+    def __repr__(self) -> str:
+        return f"StateView({self.name!r}, kind={self.kind}, value={self.value_type}, ttl={self.ttl})"
+
+
+class CheckpointView:
+    """One opened checkpoint, savepoint or Spark batch: its partitions and their states."""
+
+    def __init__(self, info: CheckpointInfo, metadata: dict[str, Any],
+                 partitions: list[tuple[PartitionInfo, PartitionSource]]) -> None:
+        self.info = info
+        self.path = info.path
+        self.metadata = metadata
+        self._partitions = partitions
+
+    @property
+    def partitions(self) -> list[PartitionInfo]:
+        return [p for p, _ in self._partitions]
+
+    @property
+    def sources(self) -> list[PartitionSource]:
+        return [s for _, s in self._partitions]
+
+    @property
+    def operators(self) -> list[str]:
+        return sorted({p.operator for p, _ in self._partitions})
+
+    def states(self, include_internal: bool = False) -> list[StateView]:
+        """Every state (per operator), statekit's internal ones only when asked for."""
+        grouped: dict[tuple[str, str], list[tuple[PartitionInfo, StateInfo, PartitionSource]]] = {}
+        for part, source in self._partitions:
+            for state in part.states:
+                if include_internal or not state.internal:
+                    grouped.setdefault((part.operator, state.name), []).append((part, state, source))
+        return [StateView(name, op, parts) for (op, name), parts in sorted(grouped.items())]
+
+    def state(self, name: str, operator: str | None = None) -> StateView:
+        """The state ``name`` (of ``operator`` when several operators have one of that name)."""
+        found = [s for s in self.states(include_internal=True)
+                 if s.name == name and operator in (None, s.operator)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            known = ", ".join(sorted({s.name for s in self.states()})) or "none"
+            raise StateError(f"no such state in {self.path} (states: {known})", name)
+        raise StateError(f"held by several operators ({', '.join(s.operator for s in found)}); "
+                         "name one", name)
+
+
+# --- opening -----------------------------------------------------------------------------------
+
+
+def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int | None = None,
+                    storage_options: dict[str, Any] | None = None,
+                    include_tentative: bool = False) -> CheckpointView:
+    """Open the checkpoint or savepoint ``path`` names (see the module docstring).
+
+    ``batch`` picks, for a Spark query, each partition's version of that batch (its newest one
+    at or before it); ``include_tentative`` also considers applyInPandasWithState snapshots
+    whose attempts are unconfirmed.  CheckpointNotFoundError when nothing (or more than one
+    job) is there.
+    """
+    path = path.rstrip("/")
+    if path.endswith("/" + METADATA):
+        path = path[: -len(METADATA) - 1]
+    options = dict(storage_options or {})
+    if (chk := _CHK_DIR.match(posixpath.basename(path))) is not None:
+        listing = catalog.scan(posixpath.dirname(path), options)
+        job = listing.jobs.get("") or catalog.JobDir("")
+        return _view_of(listing, [(job, int(chk.group(1)))], "checkpoint")
+    store = catalog.open_store(path, options)
+    if store.exists(METADATA):
+        body = decode_metadata(store.get(METADATA), f"{path}/{METADATA}")
+        listing = catalog.Listing(path, store, options, {}, [""], [])
+        info = catalog.savepoint_info(listing, "")
+        cid = body.get("checkpoint_id")
+        items = [(name, PartitionSource(store, h, path), cid if isinstance(cid, int) else None, None)
+                 for name, h in _tasks(body, path)]
+        return CheckpointView(info, body, _partitions(items))
+    listing = catalog.scan(path, options)
+    spark = catalog.jobs_of(listing, ["spark"])
+    if spark:
+        queries = sorted({job.spark_names()[0] or "" for job in spark})
+        if len(queries) > 1:
+            raise CheckpointNotFoundError(
+                f"{path} holds the state of {len(queries)} queries; open one of: "
+                + ", ".join(catalog._join(path, posixpath.dirname(job.operator or ""))
+                            for job in {j.spark_names()[0]: j for j in spark}.values()))
+        picked = [(job, cid) for job in spark
+                  if (cid := _version(listing, job, batch, include_tentative)) is not None]
+        if not picked:
+            raise CheckpointNotFoundError(f"no version at or before batch {batch} under {path}")
+        return _view_of(listing, picked, "version")
+    jobs = [job for job in catalog.jobs_of(listing, ["job"]) if job.complete]
+    if len(jobs) == 1:
+        job = jobs[0]
+        cid = max(job.complete) if checkpoint_id is None else checkpoint_id
+        if cid not in job.complete:
+            raise CheckpointNotFoundError(f"no complete checkpoint {cid} in {path}")
+        return _view_of(listing, [(job, cid)], "checkpoint")
+    if not jobs and len(listing.savepoints) == 1:
+        return open_checkpoint(catalog._join(path, listing.savepoints[0]), storage_options=options)
+    candidates = [catalog._join(path, j.rel) for j in jobs] + [
+        catalog._join(path, s) for s in listing.savepoints]
+    if not candidates:
+        raise CheckpointNotFoundError(f"no complete checkpoint or savepoint under {path}")
+    raise CheckpointNotFoundError(f"{path} holds {len(candidates)} jobs or savepoints; open one "
+                                  f"of: {', '.join(candidates[:10])}")
+
+
+def _version(listing: catalog.Listing, job: catalog.JobDir, batch: int | None,
+             include_tentative: bool) -> int | None:
+    """A Spark partition's newest (valid) version at or before ``batch``.  Versions of
+    ``foreach_batch`` / ``transform_with_state`` are batch ids; applyInPandasWithState snapshot
+    ids are larger, their metadata records the batch they cover."""
+    access = listing.access(job)
+    for cid in sorted(job.complete, reverse=True):
+        if batch is not None and cid < _SNAPSHOT_IDS and cid > batch:
+            continue
+        try:
+            body = access.load(cid)
+        except StatekitError:
+            continue
+        if batch is not None and int(body.get("batch", cid)) > batch:
+            continue
+        if include_tentative or catalog.valid_snapshot(job, body):
+            return cid
+    return None
+
+
+def _tasks(body: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+    tasks = body.get("tasks")
+    if not isinstance(tasks, dict):
+        raise CheckpointNotFoundError(f"{where}: metadata without task handles")
+    return sorted((str(n), h) for n, h in tasks.items() if isinstance(h, dict))
+
+
+def _view_of(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]], kind: str
+             ) -> CheckpointView:
+    items: list[tuple[str, PartitionSource, int | None, int | None]] = []
+    first_body: dict[str, Any] = {}
+    infos = []
+    for job, cid in picked:
+        access = listing.access(job)
+        body = access.load(cid)
+        info = catalog.describe(listing, job, cid, body)
+        infos.append(info)
+        first_body = first_body or body
+        _, operator = job.spark_names()
+        for name, handle in _tasks(body, access.checkpoint_path(cid)):
+            label = f"{operator}/p{job.partition:05d}" if operator is not None else name
+            items.append((label, PartitionSource(access.store, handle, access.location), cid,
+                          info.batch))
+    info = infos[0]
+    if len(infos) > 1:  # one Spark batch: the partitions' versions together
+        batches = [i.batch for i in infos if i.batch is not None]
+        info = CheckpointInfo(**{**info.__dict__, "path": listing.url, "job": listing.url,
+                                 "id": max(batches) if batches else None, "partition": None,
+                                 "batch": max(batches) if batches else None,
+                                 "size": sum(i.size or 0 for i in infos),
+                                 "files": sum(i.files or 0 for i in infos),
+                                 "partitions": len(items), "kind": kind})
+    return CheckpointView(info, first_body, _partitions(items))
+
+
+def _partitions(items: list[tuple[str, PartitionSource, int | None, int | None]]
+                ) -> list[tuple[PartitionInfo, PartitionSource]]:
+    out = []
+    for index, (label, source, version, batch) in enumerate(items):
+        handle = source.handle
+        operator, name = label.split("/", 1) if "/" in label else (_operator(label), label)
+        size, files = handle_size(handle)
+        states = []
+        for state, (entry, encoding) in sorted(state_entries(handle).items()):
+            layout = list(entry.get("layout") or ["value", "generic", None, False])
+            states.append(StateInfo(
+                name=state, kind=str(entry.get("kind", layout[0])), value_type=describe(layout[1]),
+                user_key_type=describe(layout[2]) if layout[2] is not None else None,
+                ttl=bool(layout[3]) if len(layout) > 3 else False, encoding=encoding,
+                bytes=int(entry["data"].get("size", 0)) if encoding in ("plain", "indexed") else None,
+                keys=peek_count(source, entry) if encoding in ("plain", "indexed") else None,
+                layout=layout))
+        rng = source.key_groups
+        out.append((PartitionInfo(
+            operator=operator, name=name, index=index, key_groups=(rng.start, rng.end),
+            backend=str(handle.get("backend", "?")), format=source.format,
+            incremental=bool(handle.get("incremental")), version=int(version or 0),
+            batch=batch, bytes=size, files=files, states=tuple(states)), source))
+    return out
+
+
+def _operator(task_name: str) -> str:
+    """The operator of a local runner task name (``keyed-process-2`` -> ``keyed-process``)."""
+    match = _OPERATOR.match(task_name)
+    return match.group(1) if match else task_name

@@ -1,0 +1,162 @@
+"""Every ``statekit`` command on real checkpoints: tables and ``--json``, exit codes, exports read
+back with pandas, a converted savepoint restored by the other backend at another parallelism."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from statekit import KeyedProcessFunction, StreamExecutionEnvironment, Types, ValueStateDescriptor
+from statekit.cli import main
+from statekit.inspection import open_checkpoint
+from tests.inspection.states import KEYS, REMOVED, as_model, model, write_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cli")
+    return {kind: write_job(str(base / "ck"), kind, True, str(base / "work"))
+            for kind in ("hashmap", "rocksdb")}
+
+
+def test_console_script_and_module_start(jobs):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "statekit", "--help"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "checkpoints" in done.stdout and "savepoint" in done.stdout
+    script = Path(sys.executable).with_name("statekit")
+    done = subprocess.run([str(script), "checkpoints", "verify", jobs["hashmap"].path],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("OK: 2 checkpoint(s)")
+    assert done.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_list_tables_and_json(jobs):
+    root = jobs["hashmap"].root
+    table = run("checkpoints", "list", root)
+    assert jobs["hashmap"].job in table and jobs["rocksdb"].job in table and "incremental" in table
+    listed = json.loads(run("checkpoints", "list", root, "--json"))
+    assert {(i["job"], i["id"], i["backend"]) for i in listed} == {
+        (jobs[k].job, n, k) for k in ("hashmap", "rocksdb") for n in (1, 2)}
+
+
+def test_inspect_shows_partitions_and_states(jobs):
+    text = run("checkpoints", "inspect", jobs["rocksdb"].path, "--count")
+    assert "0-63" in text and "64-127" in text and "INT -> STRING" in text
+    data = json.loads(run("checkpoints", "inspect", jobs["hashmap"].chk(2), "--json", "--count"))
+    assert data["checkpoint"]["id"] == 2 and len(data["partitions"]) == 2
+    keys = {s["name"]: s["keys"] for s in data["states"]}
+    assert keys == dict.fromkeys(model(), len(KEYS) - len(REMOVED))
+
+
+def test_verify_exit_codes_and_damaged_file(tmp_path):
+    job = write_job(str(tmp_path / "ck"), "rocksdb", True, str(tmp_path / "work"))
+    assert run("checkpoints", "verify", job.path).startswith("OK")
+    sst = sorted((tmp_path / "ck" / job.job / "shared").iterdir())[0]
+    sst.write_bytes(sst.read_bytes()[:-10])
+    out = run("checkpoints", "verify", job.path, code=1)
+    assert sst.name in out and "TruncatedCheckpointError" in out and "DAMAGED" in out
+    report = json.loads(run("checkpoints", "verify", job.path, "--json", code=1))
+    assert report["ok"] is False and any(p["path"] == str(sst) for p in report["problems"])
+
+
+def test_wrong_path_is_one_clear_line(tmp_path):
+    out = run("checkpoints", "inspect", str(tmp_path / "missing"), code=2)
+    assert out.strip() == f"error: no such directory: {tmp_path / 'missing'}"
+    assert "Traceback" not in run("checkpoints", "verify", str(tmp_path / "missing"), code=2)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_export_reads_back_equal(jobs, tmp_path, fmt):
+    expected = model()
+    for name, kind in (("count", "value"), ("bymod", "map"), ("seen", "list"), ("last", "value")):
+        target = str(tmp_path / f"{name}.{fmt}")
+        run("state", "export", jobs["rocksdb"].path, "--state", name, "--format", fmt, "--to", target)
+        frame = (pd.read_parquet(target) if fmt == "parquet" else pd.read_csv(target)
+                 if fmt == "csv" else pd.read_json(target, lines=True))
+        if fmt == "csv" and "user_key" in frame:
+            frame["user_key"] = frame["user_key"].astype(int)
+        assert as_model(frame, kind) == expected[name], (name, fmt)
+        if name == "last" and fmt == "parquet":
+            assert frame["ttl_timestamp"].notna().all()
+
+
+def test_export_to_s3_with_progress_silent(jobs, s3_server, s3_url):
+    options = [f"endpoint_url={s3_server.endpoint_url}", "key=statekit-test",
+               "secret=statekit-test-secret"]
+    target = f"{s3_url}/out/count.parquet"
+    out = run("state", "export", jobs["hashmap"].path, "--state", "count", "--to", target,
+              "--json", *(x for o in options for x in ("--target-option", o)))
+    assert json.loads(out)["rows"] == len(KEYS) - len(REMOVED)
+    frame = pd.read_parquet(target, storage_options=s3_server.storage_options())
+    assert as_model(frame, "value") == model()["count"]
+
+
+class Count(KeyedProcessFunction):
+    def open(self, ctx):
+        self.c = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, value, ctx):
+        c = (self.c.value() or 0) + value[1]
+        self.c.update(c)
+        yield ctx.get_current_key(), c
+
+
+def _job(conf, items, parallelism, max_parallelism):
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.set_parallelism(parallelism)
+    env.set_max_parallelism(max_parallelism)
+    return env.from_collection(items).key_by(lambda x: x[0]).process(Count())
+
+
+def test_convert_restores_on_the_other_backend_at_another_parallelism(tmp_path):
+    items = [(f"u{i % 37}", i) for i in range(600)]
+    conf = {"state.backend.type": "hashmap", "state.backend.incremental": "true",
+            "state.checkpoints.dir": str(tmp_path / "ck"), "execution.checkpointing.interval": "10 ms",
+            "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION"}
+    first = _job(conf, items[:400], 2, 128).execute_and_collect()
+    before = open_checkpoint(first.latest_checkpoint).state("count").to_pandas()
+    out = json.loads(run("savepoint", "convert", first.latest_checkpoint, "--to", str(tmp_path / "sp"),
+                         "--backend", "rocksdb", "--max-parallelism", "64", "--json"))
+    converted = open_checkpoint(out["savepoint"])
+    assert converted.info.max_parallelism == 64 and converted.info.backend == "rocksdb"
+    after = converted.state("count").to_pandas()
+    assert dict(zip(after.key, after.value, strict=True)) == dict(zip(before.key, before.value,
+                                                                      strict=True))
+    offset = converted.metadata["source"]["offset"]
+    resumed = _job({"state.backend.type": "rocksdb", "execution.savepoint.path": out["savepoint"]},
+                   items, 3, 64).execute_and_collect()
+    assert len(resumed) == len(items) - offset
+    totals: dict[str, int] = {}
+    for key, value in items:
+        totals[key] = totals.get(key, 0) + value
+    final = {}
+    for key, c in list(first) + list(resumed):
+        final[key] = c if key not in final or c > final[key] else final[key]
+    assert final == totals
+
+
+def test_gc_dry_run_then_delete(tmp_path):
+    job = write_job(str(tmp_path / "ck"), "hashmap", True, str(tmp_path / "work"))
+    orphan = tmp_path / "ck" / job.job / "shared" / "orphan"
+    orphan.write_bytes(b"z")
+    out = run("checkpoints", "gc", job.path)
+    assert "unreferenced-shared" in out and "dry run" in out and orphan.exists()
+    report = json.loads(run("checkpoints", "gc", job.path, "--delete", "--json"))
+    assert report["deleted"] and not orphan.exists()
+    assert run("checkpoints", "verify", job.path).startswith("OK")

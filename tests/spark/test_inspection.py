@@ -1,0 +1,92 @@
+"""Inspecting the state of Spark queries: the adapters' per-partition versions listed, picked by
+batch, read with ``spark.read.format("statekit")`` and the CLI, verified; the Spark reader on
+checkpoints of the local runner's layout on the S3 server."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from statekit.cli import main
+from statekit.inspection import list_checkpoints, open_checkpoint, verify
+from tests.inspection.states import as_model, model, write_job
+from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
+
+pytestmark = pytest.mark.spark
+
+
+def cli(*args: str, code: int = 0) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def counts(frame: pd.DataFrame) -> dict[str, int]:
+    return {k: int(v) for k, v in zip(frame["key"], frame["value"], strict=True)}
+
+
+def test_foreach_batch_versions_by_batch(spark, tmp_path):
+    frame = write_inputs(str(tmp_path / "in"), 0, 3)
+    checkpoint = str(tmp_path / "query")
+    run_until_done(spark, "foreach_batch", RunningCount(), str(tmp_path / "in"), checkpoint,
+                   Outputs(), {"state.backend.type": "rocksdb"})
+    infos = list_checkpoints(checkpoint)
+    assert {(i.operator, i.partition, i.batch) for i in infos} == {
+        ("RunningCount", p, b) for p in (0, 1) for b in (0, 1, 2)}
+    assert {i.backend for i in infos} == {"rocksdb"}
+    first_two = frame.iloc[:1200]  # write_inputs: 600 rows per file, one file per batch
+    view = open_checkpoint(checkpoint, batch=1)
+    assert view.info.batch == 1 and len(view.partitions) == 2
+    assert counts(view.state("c").to_pandas()) == {k: c for k, (c, _) in expected(first_two).items()}
+    df = (spark.read.format("statekit").option("state", "t").option("batch", 1).load(checkpoint))
+    assert df.rdd.getNumPartitions() == 2
+    assert counts(df.toPandas()) == {k: t for k, (_, t) in expected(first_two).items()}
+    latest = spark.read.format("statekit").option("state", "c").load(checkpoint).toPandas()
+    assert counts(latest) == {k: c for k, (c, _) in expected(frame).items()}
+    # the CLI on the query's checkpointLocation: one row per batch, an export, verify
+    table = cli("checkpoints", "list", checkpoint)
+    assert "RunningCount" in table and "version" in table
+    cli("state", "export", checkpoint, "--state", "c", "--batch", "2", "--to",
+        str(tmp_path / "c.parquet"))
+    assert counts(pd.read_parquet(tmp_path / "c.parquet")) == {
+        k: c for k, (c, _) in expected(frame).items()}
+    assert verify(checkpoint).ok
+    # small state lives inline in each version's _metadata: damage one of them
+    victim = sorted((tmp_path / "query" / "statekit").rglob("p00001/chk-2/_metadata"))[0]
+    victim.write_bytes(victim.read_bytes()[:-7])
+    report = json.loads(cli("checkpoints", "verify", checkpoint, "--json", code=1))
+    assert [(p["path"], p["error"]) for p in report["problems"]] == [
+        (str(victim), "TruncatedCheckpointError")]
+
+
+def test_apply_in_pandas_snapshots_hide_internal_state(spark, tmp_path):
+    frame = write_inputs(str(tmp_path / "in"), 0, 3)
+    checkpoint = str(tmp_path / "query")
+    run_until_done(spark, "apply_in_pandas_with_state", RunningCount(), str(tmp_path / "in"),
+                   checkpoint, Outputs(), {"state.changelog.materialize-every-batches": "1"})
+    infos = [i for i in list_checkpoints(checkpoint) if i.status == "retained"]
+    assert infos and all(i.id >= 1_000_000 for i in infos)  # snapshot ids, not batch ids
+    newest = max(i.batch for i in infos)
+    view = open_checkpoint(checkpoint)
+    assert [s.name for s in view.states()] == ["c", "t"]
+    assert "__statekit_applied" in [s.name for s in view.states(include_internal=True)]
+    covered = frame.iloc[: 600 * (newest + 1)]
+    assert counts(view.state("c").to_pandas()) == {k: c for k, (c, _) in expected(covered).items()}
+    df = spark.read.format("statekit").option("state", "t").option("batch", newest).load(checkpoint)
+    assert counts(df.toPandas()) == {k: t for k, (_, t) in expected(covered).items()}
+
+
+def test_spark_reader_on_s3_checkpoints(spark, tmp_path, s3_server, s3_url):
+    options = s3_server.storage_options()
+    job = write_job(f"{s3_url}/ck", "rocksdb", True, str(tmp_path / "work"), options)
+    df = (spark.read.format("statekit").option("state", "bymod").option("keyGroupSplits", 2)
+          .option("storageOptions", json.dumps(options)).load(job.path))
+    assert df.rdd.getNumPartitions() == 4  # two statekit partitions, two key-group ranges each
+    frame = df.toPandas()
+    assert as_model(frame, "map") == model()["bymod"]
+    seen = (spark.read.format("statekit").option("state", "seen")
+            .option("storageOptions", json.dumps(options)).load(job.chk(1)).toPandas())
+    assert as_model(seen, "list") == model(1)["seen"]
