@@ -15,6 +15,7 @@ Full mode (1M keys) records the issue's targets (asserted with ``STATEKIT_BENCH_
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -29,7 +30,8 @@ from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import serializer_for
 
-N = 100_000 if QUICK else 1_000_000
+#: keys in the state (``STATEKIT_BENCH_HEAP_KEYS`` overrides, e.g. 10_000_000 for the 10M stall)
+N = int(os.environ.get("STATEKIT_BENCH_HEAP_KEYS") or (100_000 if QUICK else 1_000_000))
 MAXP = 128
 COUNT = ValueStateDescriptor("count", Types.LONG())
 BATCH = 2000

@@ -1,12 +1,12 @@
 """Heap snapshots: a strategy object per snapshot and one small run class per run mode.
 
 :class:`HeapSnapshotStrategy` splits a snapshot as Flink's snapshot strategies do:
-:meth:`~HeapSnapshotStrategy.capture` is the synchronous part (a dict copy per table, switching it
-to copy-on-write, plus the incremental bookkeeping), :meth:`~HeapSnapshotStrategy.produce`
-serializes what the snapshot writes, and :meth:`~HeapSnapshotStrategy.finish` uploads it and
-builds the task handle.  The run mode decides where ``produce`` happens: on the processing thread
-(synchronous snapshots), on a transfer thread in paced slices so the processing thread keeps most
-of the GIL (``thread``), or in a forked child serializing its frozen copy of memory (``fork``).
+:meth:`~HeapSnapshotStrategy.capture` is the synchronous part (a constant-time
+:class:`~statekit.backends.heap.tables.Capture` per table, plus the incremental bookkeeping),
+:meth:`~HeapSnapshotStrategy.produce` serializes what the snapshot writes, and
+:meth:`~HeapSnapshotStrategy.finish` uploads it and builds the task handle.  The run mode decides
+where ``produce`` happens: on the processing thread (synchronous snapshots), on a transfer thread
+in paced slices so the processing thread keeps most of the GIL (``thread``), or in a forked child serializing its frozen copy of memory (``fork``).
 """
 
 from __future__ import annotations
