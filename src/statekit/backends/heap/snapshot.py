@@ -6,7 +6,8 @@
 :meth:`~HeapSnapshotStrategy.produce` serializes what the snapshot writes, and
 :meth:`~HeapSnapshotStrategy.finish` uploads it and builds the task handle.  The run mode decides
 where ``produce`` happens: on the processing thread (synchronous snapshots), on a transfer thread
-in paced slices so the processing thread keeps most of the GIL (``thread``), or in a forked child serializing its frozen copy of memory (``fork``).
+in paced slices so the processing thread keeps most of the GIL (``thread``), or in a forked child
+serializing its frozen copy of memory (``fork``).
 """
 
 from __future__ import annotations
