@@ -10,7 +10,9 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-DEFAULT_MAX_PARALLELISM = 128
+from statekit.config import default
+
+DEFAULT_MAX_PARALLELISM: int = default("pipeline.max-parallelism")
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
 
 

@@ -36,6 +36,7 @@ from statekit.backends.kvformat import (
 )
 from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams
+from statekit.config import default
 from statekit.errors import CheckpointError, ConfigError
 from statekit.serde.keygroups import key_group_for_bytes
 from statekit.serde.msgpack import packb, unpackb
@@ -52,7 +53,7 @@ View = Capture | dict[Any, Any]
 HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
 
 SNAPSHOT_MODES = ("thread", "fork")
-DEFAULT_SNAPSHOT_MODE = "thread"
+DEFAULT_SNAPSHOT_MODE: str = default("state.backend.heap.snapshot-mode")
 
 
 def check_snapshot_mode(mode: str, key: str = "state.backend.heap.snapshot-mode") -> str:
