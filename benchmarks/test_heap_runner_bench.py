@@ -4,14 +4,15 @@
   300 ms) once with asynchronous and once with synchronous heap snapshots; the stall is the
   synchronous part the coordinator records per checkpoint (``CheckpointStats.sync_seconds``),
   taken over the checkpoints that hold every key (the median of the last three).
-* ``test_runner_restart_1gib``: a job fills 1M keys x 1100 B (>= 1 GiB of heap state), ends with a
-  retained checkpoint, and a second job resumes from it; the figure is the time from calling
-  ``execute_and_collect`` to the first element processed after the restore, against a cold read
-  (page cache dropped with ``posix_fadvise(DONTNEED)``) of the checkpoint's files, measured
-  right before, in the same test.
+* ``test_runner_restart_1gib`` (hashmap and rocksdb): a job fills 1M keys x 1100 B (>= 1 GiB of
+  state), ends with a retained checkpoint, and a second job resumes from it; the figure is the
+  time from calling ``execute_and_collect`` to the first element processed after the restore,
+  against a cold read (page cache dropped with ``posix_fadvise(DONTNEED)``) of the checkpoint's
+  files, measured right before, in the same test.
 
 Full mode asserts nothing unless ``STATEKIT_BENCH_STRICT=1``; ``STATEKIT_BENCH_QUICK=1`` uses 100k
-keys.  Run: ``pytest benchmarks/test_heap_runner_bench.py -s -o testpaths=benchmarks``.
+keys; ``STATEKIT_BENCH_HEAP_KEYS`` sets the stall test's keys.
+Run: ``pytest benchmarks/test_heap_runner_bench.py -s -o testpaths=benchmarks``.
 """
 
 from __future__ import annotations
@@ -23,17 +24,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks._common import MIB, QUICK, STRICT, drop_tree_cache, loadavg, scratch_dir
 
 N = 100_000 if QUICK else 1_000_000
+#: keys of the stall test (``STATEKIT_BENCH_HEAP_KEYS`` overrides, e.g. 10_000_000)
+STALL_N = int(os.environ.get("STATEKIT_BENCH_HEAP_KEYS") or N)
 VALUE_BYTES = 1100
 _POOL = os.urandom(8 * MIB)
 
 
 def _conf(directory: Path, asynchronous: bool = True, resume: str | None = None,
-          interval_ms: int = 300) -> dict[str, Any]:
+          interval_ms: int = 300, backend: str = "hashmap") -> dict[str, Any]:
     conf: dict[str, Any] = {
-        "state.backend.type": "hashmap",
+        "state.backend.type": backend,
         "state.backend.async": asynchronous,
         "state.checkpoints.dir": str(directory),
         "execution.checkpointing.interval": f"{interval_ms} ms",
@@ -95,7 +100,7 @@ def _stall(stats: list[Any]) -> tuple[float, list[float]]:
 
 def test_runner_checkpoint_stall(benchmark: Any) -> None:
     root = scratch_dir("runner-stall")
-    elements = list(range(N)) + list(range(0, N, 2))  # the second pass runs with every key
+    elements = list(range(STALL_N)) + list(range(0, STALL_N, 2))  # the second pass: every key
     try:
         results: dict[str, Any] = {}
 
@@ -109,7 +114,7 @@ def test_runner_checkpoint_stall(benchmark: Any) -> None:
         (sync_stall, sync_all), sync_s = results["sync"]
         (async_stall, async_all), async_s = results["async"]
         figures = {
-            "keys": N, "sync_stall_s": round(sync_stall, 5), "async_stall_s": round(async_stall, 6),
+            "keys": STALL_N, "sync_stall_s": round(sync_stall, 5), "async_stall_s": round(async_stall, 6),
             "stall_ratio": round(async_stall / max(sync_stall, 1e-9), 5),
             "async_stall_max_s": round(max(async_all), 6),
             "sync_checkpoints": len(sync_all), "async_checkpoints": len(async_all),
@@ -148,12 +153,14 @@ def _checkpoint_files(root: Path, checkpoint: str) -> list[Path]:
     return files
 
 
-def test_runner_restart_1gib(benchmark: Any) -> None:
-    root = scratch_dir("runner-restart")
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+def test_runner_restart_1gib(benchmark: Any, backend: str) -> None:
+    benchmark.group = f"runner-restart-{backend}"
+    root = scratch_dir(f"runner-restart-{backend}")
     try:
         t0 = time.perf_counter()
         fill = [(k, True) for k in range(N)]
-        first = _run(_conf(root, interval_ms=60_000), fill, _filler())
+        first = _run(_conf(root, interval_ms=60_000, backend=backend), fill, _filler())
         fill_s = time.perf_counter() - t0
         checkpoint = first.latest_checkpoint
         assert checkpoint is not None
@@ -165,7 +172,8 @@ def test_runner_restart_1gib(benchmark: Any) -> None:
             disk_s = _cold_read(files)  # the disk's time for the same bytes, right before
             drop_tree_cache(root)
             start = time.perf_counter()
-            out = list(_run(_conf(root / "again", resume=checkpoint, interval_ms=60_000),
+            out = list(_run(_conf(root / "again", resume=checkpoint, interval_ms=60_000,
+                                  backend=backend),
                             [*fill, (N - 1, False)],  # the source resumes after the first N
                             _filler()))
             assert len(out) == 1 and out[0][1]
@@ -175,7 +183,8 @@ def test_runner_restart_1gib(benchmark: Any) -> None:
         benchmark.pedantic(restart, rounds=1 if QUICK else 3, iterations=1)
         ratios = [r["first_element_s"] / r["disk_s"] for r in rows]
         figures = {
-            "keys": N, "value_bytes": VALUE_BYTES, "state_bytes": nbytes, "fill_s": round(fill_s, 2),
+            "backend": backend, "keys": N, "value_bytes": VALUE_BYTES, "state_bytes": nbytes,
+            "fill_s": round(fill_s, 2),
             "disk_cold_read_s": [round(r["disk_s"], 3) for r in rows],
             "restart_to_first_element_s": [round(r["first_element_s"], 3) for r in rows],
             "restart_job_s": [round(r["job_s"], 3) for r in rows],

@@ -20,14 +20,13 @@ from statekit.backends.heap.snapshot import (
     HeapSnapshotStrategy,
     check_snapshot_mode,
 )
-from statekit.backends.heap.tables import (
+from statekit.backends.heap.states import (
     HeapListState,
     HeapMapState,
     HeapMutableValueState,
-    HeapTable,
     HeapValueState,
-    Restored,
 )
+from statekit.backends.heap.table import HeapTable, Restored
 from statekit.backends.kvformat import (
     KV_FORMAT,
     KV_FORMATS,

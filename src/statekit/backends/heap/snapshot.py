@@ -2,7 +2,7 @@
 
 :class:`HeapSnapshotStrategy` splits a snapshot as Flink's snapshot strategies do:
 :meth:`~HeapSnapshotStrategy.capture` is the synchronous part (a constant-time
-:class:`~statekit.backends.heap.tables.Capture` per table, plus the incremental bookkeeping),
+:class:`~statekit.backends.heap.table.Capture` per table, plus the incremental bookkeeping),
 :meth:`~HeapSnapshotStrategy.produce` serializes what the snapshot writes, and
 :meth:`~HeapSnapshotStrategy.finish` uploads it and builds the task handle.  The run mode decides
 where ``produce`` happens: on the processing thread (synchronous snapshots), on a transfer thread
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from statekit.backends.base import SnapshotRun, StateMeta
-from statekit.backends.heap.tables import Capture, dict_reader
+from statekit.backends.heap.table import Capture, dict_reader
 from statekit.backends.kvformat import (
     PACE_SLICE,
     KvStateData,
@@ -43,7 +43,7 @@ from statekit.serde.msgpack import packb, unpackb
 
 if TYPE_CHECKING:
     from statekit.backends.heap.backend import HeapKeyedStateBackend
-    from statekit.backends.heap.tables import HeapTable
+    from statekit.backends.heap.table import HeapTable
 
 #: what a snapshot reads of one table: a pending :class:`Capture` of the live dict (thread mode),
 #: or the dict itself when nothing changes it meanwhile (synchronous snapshots, fork)

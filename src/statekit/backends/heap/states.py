@@ -1,0 +1,269 @@
+"""The heap backend's states: value, list and map states over a :class:`HeapTable`.
+
+The hot path reads and writes the live dict directly; only misses, writes while a snapshot is
+pending (or the backend is incremental) and removals call into the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from statekit.backends.base import NO_KEY
+from statekit.backends.heap.table import HeapTable
+from statekit.errors import StateError
+from statekit.serde.serializers import TypeSerializer
+from statekit.state.api import ListState, MapState, ValueState, check_value
+
+if TYPE_CHECKING:
+    from statekit.backends.heap.backend import HeapKeyedStateBackend
+
+
+class _HeapState:
+    """What the heap's value, list and map states share: the table, key access and type checks."""
+
+    __slots__ = ("_b", "_check", "_exact", "_high", "_low", "_name", "_t")
+
+    def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
+                 element: TypeSerializer) -> None:
+        self._b = backend
+        self._t = table
+        self._name = table.meta.name
+        self._check = element
+        # values of exactly this type (within the bounds) need no call to ``element.check``
+        self._exact, self._low, self._high = element.exact_type()
+
+    def _needs_check(self, value: Any) -> bool:
+        return type(value) is not self._exact or (
+            self._low is not None and not self._low <= value <= self._high)
+
+    def _check_all(self, values: list[Any]) -> None:
+        """Validate a batch: one C-level pass when every element has the exact type."""
+        exact = self._exact
+        if exact is not None and set(map(type, values)) == {exact} and (
+                self._low is None or (self._low <= min(values) and max(values) <= self._high)):
+            return
+        for v in values:
+            if v is None:
+                raise StateError("cannot add None to a list state", self._name)
+            check_value(self._check, v, self._name)
+
+    def _key(self) -> Any:
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        return key
+
+    def _live(self, key: Any) -> Any:
+        """The key's mutable value (list or dict) for an in-place change: marked dirty, and made
+        private to the live table first when a pending snapshot shares it."""
+        table = self._t
+        value = table.data.get(key)
+        if table.watch:
+            return table.live(key, value)
+        return value
+
+    def _get(self, key: Any) -> Any:
+        """The key's value for reading only (not handed out for changes)."""
+        table = self._t
+        value = table.data.get(key)
+        if value is None and table.watch:
+            return table.get(key)
+        return value
+
+    def _put(self, key: Any, value: Any) -> None:
+        table = self._t
+        if table.watch:
+            table.put(key, value)
+        else:
+            table.data[key] = value
+
+    def clear(self) -> None:
+        key = self._key()
+        table = self._t
+        if table.watch:
+            table.remove(key)
+        else:
+            table.data.pop(key, None)
+
+
+class HeapValueState(_HeapState, ValueState):
+    """Value state of immutable values: the table maps each key to its value."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        value = table.data.get(key)
+        if value is None and table.watch:
+            return table.get(key)
+        return value
+
+    def update(self, value: Any) -> None:
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        if value is None:
+            if table.watch:
+                table.remove(key)
+            else:
+                table.data.pop(key, None)
+            return
+        if type(value) is not self._exact or (
+                self._low is not None and not self._low <= value <= self._high):  # inlined
+            check_value(self._check, value, self._name)
+        if table.watch:
+            table.put(key, value)
+        else:
+            table.data[key] = value
+
+
+class HeapMutableValueState(HeapValueState):
+    """Value state of mutable values (lists, dicts, ...): a value handed out may be changed in
+    place, so it is made private first while a snapshot shares it (and marked dirty)."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        value = table.data.get(key)
+        if table.watch:
+            return table.live(key, value)
+        return value
+
+
+class HeapListState(_HeapState, ListState):
+    """List state: the table maps each key to a Python list, appended to in place."""
+
+    __slots__ = ()
+
+    def get(self) -> list[Any]:
+        return self._live(self._key()) or []
+
+    def add(self, value: Any) -> None:
+        key = self._key()
+        if value is None:
+            raise StateError("cannot add None to a list state", self._name)
+        if self._needs_check(value):
+            check_value(self._check, value, self._name)
+        lst = self._live(key)
+        if lst is None:
+            self._put(key, [value])
+        else:
+            lst.append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        key = self._key()
+        values = list(values)
+        if not values:
+            return
+        self._check_all(values)
+        lst = self._live(key)
+        if lst is None:
+            self._put(key, values)
+        else:
+            lst.extend(values)
+
+    def update(self, values: Iterable[Any] | None) -> None:
+        key = self._key()
+        values = [] if values is None else list(values)
+        if values:
+            self._check_all(values)
+            self._put(key, values)
+        else:
+            self.clear()
+
+
+class HeapMapState(_HeapState, MapState):
+    """Map state: the table maps each key to a Python dict of user keys."""
+
+    __slots__ = ("_shared_reads", "_ukey", "_ukey_exact")
+
+    def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
+                 element: TypeSerializer, user_key: TypeSerializer) -> None:
+        super().__init__(backend, table, element)
+        self._ukey = user_key
+        exact, low, _ = user_key.exact_type()
+        self._ukey_exact = exact if low is None else None  # bounded keys take the full check
+        # immutable map values may be handed out without copy-on-write or dirty marking
+        self._shared_reads = bool(getattr(element, "immutable", False))
+
+    def _read(self) -> dict[Any, Any] | None:
+        """The current key's map for reading: shared when its values are immutable, else private
+        (one call deep: the map reads are the hot path)."""
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        m = table.data.get(key)
+        if table.watch:
+            if not self._shared_reads:
+                return table.live(key, m)
+            if m is None:
+                return table.get(key)
+        return m
+
+    def _peek(self) -> dict[Any, Any] | None:
+        """The current key's map, not handed out for changes."""
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        m = table.data.get(key)
+        if m is None and table.watch:
+            return table.get(key)
+        return m
+
+    def get(self, key: Any) -> Any:
+        m = self._read()
+        return None if m is None else m.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        current = self._key()
+        if type(key) is not self._ukey_exact:
+            check_value(self._ukey, key, self._name)
+        if value is not None and self._needs_check(value):
+            check_value(self._check, value, self._name)
+        m = self._live(current)
+        if m is None:
+            self._put(current, {key: value})
+        else:
+            m[key] = value
+
+    def put_all(self, dict_value: dict[Any, Any]) -> None:
+        for k, v in dict_value.items():
+            self.put(k, v)
+
+    def remove(self, key: Any) -> None:
+        current = self._key()
+        m = self._live(current)
+        if m is not None:
+            m.pop(key, None)
+            if not m:
+                self.clear()
+
+    def contains(self, key: Any) -> bool:
+        m = self._peek()
+        return m is not None and key in m
+
+    def items(self) -> list[tuple[Any, Any]]:
+        m = self._read()
+        return [] if m is None else list(m.items())
+
+    def keys(self) -> list[Any]:
+        m = self._peek()
+        return [] if m is None else list(m)
+
+    def values(self) -> list[Any]:
+        m = self._read()
+        return [] if m is None else list(m.values())
+
+    def is_empty(self) -> bool:
+        return not self._peek()
