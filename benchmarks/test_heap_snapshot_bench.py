@@ -15,6 +15,7 @@ Full mode (1M keys) records the issue's targets (asserted with ``STATEKIT_BENCH_
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -29,7 +30,10 @@ from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import serializer_for
 
-N = 100_000 if QUICK else 1_000_000
+#: keys in the state (``STATEKIT_BENCH_HEAP_KEYS`` overrides, e.g. 10_000_000 for the 10M stall)
+N = int(os.environ.get("STATEKIT_BENCH_HEAP_KEYS") or (100_000 if QUICK else 1_000_000))
+#: the writer's pace (``state.backend.heap.snapshot-pace``; ``STATEKIT_BENCH_HEAP_PACE`` overrides)
+PACE = float(os.environ["STATEKIT_BENCH_HEAP_PACE"]) if os.environ.get("STATEKIT_BENCH_HEAP_PACE") else None
 MAXP = 128
 COUNT = ValueStateDescriptor("count", Types.LONG())
 BATCH = 2000
@@ -37,7 +41,8 @@ BATCH = 2000
 
 def _backend(asynchronous: bool, incremental: bool = False, mode: str = "thread"
              ) -> tuple[HeapKeyedStateBackend, Any]:
-    factory = HashMapStateBackend(asynchronous, incremental=incremental, snapshot_mode=mode)
+    factory = HashMapStateBackend(asynchronous, incremental=incremental, snapshot_mode=mode,
+                                  snapshot_pace=PACE)
     backend = factory.create_keyed_state_backend(
         key_serializer=serializer_for(Types.LONG()), key_group_range=KeyGroupRange.all(MAXP),
         max_parallelism=MAXP,
@@ -111,6 +116,7 @@ def test_heap_async_snapshot_stall_and_throughput(benchmark: Any, tmp_path: Path
     figures = {
         "keys": N,
         "mode": mode,
+        "pace": PACE,
         "sync_snapshot_stall_s": round(sync_stall, 4),
         "async_snapshot_stall_s": round(async_stall, 5),
         "async_snapshot_stall_max_s": round(async_stall_max, 5),

@@ -172,6 +172,25 @@ def read_kv_entry(
 # --- plain entries ---------------------------------------------------------------------------------
 
 
+#: ``take(count)``: the next ``count`` entries of a state as ``(keys, values)`` lists (possibly
+#: fewer), None when there are no more
+Take = Callable[[int], "tuple[list[Any], list[Any]] | None"]
+
+
+def slice_reader(keys: Sequence[Any], values: Sequence[Any]) -> Take:
+    """``take(count)`` over parallel key and value sequences."""
+    pos = [0]
+
+    def take(count: int) -> tuple[list[Any], list[Any]] | None:
+        start = pos[0]
+        if start >= len(keys):
+            return None
+        pos[0] = start + count
+        return list(keys[start:start + count]), list(values[start:start + count])
+
+    return take
+
+
 def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
                 key_plain: Callable[[Any], Any] | None = None,
                 value_plain: Callable[[Any], Any] | None = None,
@@ -182,20 +201,36 @@ def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
     already holds; ``key_plain`` / ``value_plain`` convert other types part by part.  ``pace``
     runs before each part (GIL sharing with the processing thread).
     """
-    start, count = 0, _FIRST_PART_ENTRIES
-    while start < len(keys):
+    return reader_parts(slice_reader(keys, values), key_plain=key_plain,
+                        value_plain=value_plain, pace=pace)
+
+
+def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
+                 value_plain: Callable[[Any], Any] | None = None,
+                 drop: Callable[[Any], Any] | None = None,
+                 pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """:func:`plain_parts` of the entries ``take`` reads, part by part (``drop``: a TTL filter
+    mapping a stored value to None when it is not written)."""
+    count = _FIRST_PART_ENTRIES
+    while True:
         if pace is not None:
             pace()
-        ks = keys[start:start + count]
-        vs = values[start:start + count]
+        chunk = take(count)
+        if chunk is None:
+            return
+        ks, vs = chunk
+        if drop is not None:
+            kept = [(k, v) for k, v in zip(ks, map(drop, vs), strict=True) if v is not None]
+            ks, vs = [k for k, _ in kept], [v for _, v in kept]
+        if not ks:
+            continue
         if key_plain is not None:
             ks = [key_plain(k) for k in ks]
         if value_plain is not None:
             vs = [value_plain(v) for v in vs]
         part = packb([ks, vs])
         yield part
-        start += count
-        count = max(1, min(_MAX_PART_ENTRIES, count * PLAIN_PART_BYTES // max(1, len(part))))
+        count = max(1, min(_MAX_PART_ENTRIES, len(ks) * PLAIN_PART_BYTES // max(1, len(part))))
 
 
 def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,

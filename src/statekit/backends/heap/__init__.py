@@ -1,8 +1,10 @@
 """The heap backend: working state as Python objects in dicts (Flink's ``HashMapStateBackend``).
 
-Snapshots are copy-on-write: the synchronous part copies each table's dict (references only);
-serialization and upload run on the transfer threads in paced slices so the processing thread
-keeps most of the GIL.  ``tables`` holds the states, ``snapshot`` the snapshot strategy,
+Snapshots capture in constant time: the synchronous part marks each table; the transfer thread
+then reads the live dicts in slices while the live side keeps what the snapshot must see (old
+values logged or copied on first change, new keys staged, removals as tombstones), and packs and
+uploads in paced slices so the processing thread keeps most of the GIL.  ``table`` holds the
+tables and their captures, ``states`` the states, ``snapshot`` the snapshot strategy,
 ``backend`` the keyed backend and ``factory`` the :class:`HashMapStateBackend` configuration.
 """
 
@@ -14,7 +16,8 @@ from statekit.backends.heap.snapshot import (
     SNAPSHOT_MODES,
     HeapSnapshotStrategy,
 )
-from statekit.backends.heap.tables import HeapListState, HeapMapState, HeapTable, HeapValueState
+from statekit.backends.heap.states import HeapListState, HeapMapState, HeapValueState
+from statekit.backends.heap.table import HeapTable
 
 __all__ = [
     "DEFAULT_SNAPSHOT_MODE",

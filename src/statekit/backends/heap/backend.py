@@ -20,13 +20,13 @@ from statekit.backends.heap.snapshot import (
     HeapSnapshotStrategy,
     check_snapshot_mode,
 )
-from statekit.backends.heap.tables import (
+from statekit.backends.heap.states import (
     HeapListState,
     HeapMapState,
-    HeapTable,
+    HeapMutableValueState,
     HeapValueState,
-    Restored,
 )
+from statekit.backends.heap.table import HeapTable, Restored
 from statekit.backends.kvformat import (
     KV_FORMAT,
     KV_FORMATS,
@@ -93,7 +93,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 table.data = {key: copy(from_plain(plain)) if restored.shared else from_plain(plain)
                               for key, plain in restored.data.items()}
         if meta.kind == "value":
-            return HeapValueState(self, table, stored)
+            if table.immutable:
+                return HeapValueState(self, table, stored)
+            return HeapMutableValueState(self, table, stored)
         if meta.kind == "list":
             return HeapListState(self, table, stored.element)  # type: ignore[attr-defined]
         return HeapMapState(self, table, stored.value, stored.key)  # type: ignore[attr-defined]
@@ -214,17 +216,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Values of a (TTL-less) value state for many keys: one dict lookup each, no key switch."""
         self.get_partitioned_state(descriptor)
         table = self.tables[descriptor.name]
-        if table.cow and not table.meta.stored_serializer.immutable:
-            state = self._states[descriptor.name][1]
-            out = []
-            for key in keys:  # hand out private copies while a snapshot shares the values
-                self.current_key = key
-                out.append(state.value())  # type: ignore[attr-defined]
-            return out
         get = table.data.get
-        if table.dirty is not None and not table.meta.stored_serializer.immutable:
-            table.dirty.update(keys)  # mutable values handed out may be changed in place
-        return [get(key) for key in keys]
+        if not table.watch:
+            return [get(key) for key in keys]
+        if table.immutable:  # misses may be staged while a snapshot is pending
+            slow = table.get
+            return [value if (value := get(key)) is not None else slow(key) for key in keys]
+        live = table.live  # mutable values handed out: private copies, marked dirty
+        return [live(key, get(key)) for key in keys]
 
     def bulk_put(self, descriptor: StateDescriptor, keys: Sequence[Any],
                  values: Sequence[Any]) -> None:
@@ -232,15 +231,23 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.get_partitioned_state(descriptor)
         table = self.tables[descriptor.name]
         serializer = table.meta.stored_serializer
+        for value in values:
+            if value is not None:
+                check_value(serializer, value, descriptor.name)
+        if table.watch:
+            put, remove = table.put, table.remove
+            for key, value in zip(keys, values, strict=True):
+                if value is None:
+                    remove(key)
+                else:
+                    put(key, value)
+            return
         data = table.data
         for key, value in zip(keys, values, strict=True):
             if value is None:
                 data.pop(key, None)
             else:
-                check_value(serializer, value, descriptor.name)
                 data[key] = value
-        if table.dirty is not None:
-            table.dirty.update(keys)
 
     def dispose(self) -> None:
         self.tables.clear()

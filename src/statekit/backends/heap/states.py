@@ -1,72 +1,22 @@
-"""The heap backend's tables and states: Python objects in one dict per state, copy-on-write.
+"""The heap backend's states: value, list and map states over a :class:`HeapTable`.
 
-A snapshot's synchronous part takes a shallow copy of each table (:meth:`HeapTable.capture`);
-afterwards any in-place change or hand-out of a value a pending snapshot still shares copies that
-value first (:meth:`HeapTable.own`), so the snapshot sees exactly the state at capture time.
+The hot path reads and writes the live dict directly; only misses, writes while a snapshot is
+pending (or the backend is incremental) and removals call into the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from statekit.backends.base import NO_KEY, StateMeta
+from statekit.backends.base import NO_KEY
+from statekit.backends.heap.table import HeapTable
 from statekit.errors import StateError
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import ListState, MapState, ValueState, check_value
 
 if TYPE_CHECKING:
     from statekit.backends.heap.backend import HeapKeyedStateBackend
-
-
-class HeapTable:
-    """One state's key → stored value dict, plus copy-on-write bookkeeping for pending snapshots."""
-
-    __slots__ = ("copy", "cow", "data", "dirty", "fresh", "meta", "pending")
-
-    def __init__(self, meta: StateMeta, track_dirty: bool = False) -> None:
-        self.meta = meta
-        self.data: dict[Any, Any] = {}
-        self.copy: Callable[[Any], Any] = meta.stored_serializer.copy
-        self.cow = False  # a pending snapshot shares this table's values
-        self.pending = 0
-        self.fresh: set[Any] = set()  # keys whose values were copied since the last capture
-        # keys written (or whose mutable value was handed out) since the last capture; None when
-        # the backend is not incremental
-        self.dirty: set[Any] | None = set() if track_dirty else None
-
-    def take_dirty(self) -> set[Any]:
-        """The dirty keys since the last call, resetting the set (incremental snapshots)."""
-        dirty = self.dirty
-        if dirty is None:
-            return set()
-        self.dirty = set()
-        return dirty
-
-    def own(self, key: Any, value: Any) -> Any:
-        """``value`` made private to the live table (copied once if a snapshot shares it)."""
-        if key in self.fresh:
-            return value
-        value = self.copy(value)
-        self.data[key] = value
-        self.fresh.add(key)
-        return value
-
-    def capture(self) -> dict[Any, Any]:
-        """A frozen view for a snapshot: a shallow dict copy, with copy-on-write from now on."""
-        view = dict(self.data)
-        if not self.meta.stored_serializer.immutable:
-            self.pending += 1
-            self.cow = True
-            self.fresh = set()
-        return view
-
-    def release(self) -> None:
-        if not self.meta.stored_serializer.immutable and self.pending:
-            self.pending -= 1
-            if not self.pending:
-                self.cow = False
-                self.fresh = set()
 
 
 class _HeapState:
@@ -108,23 +58,37 @@ class _HeapState:
         """The key's mutable value (list or dict) for an in-place change: marked dirty, and made
         private to the live table first when a pending snapshot shares it."""
         table = self._t
-        if table.dirty is not None:
-            table.dirty.add(key)
         value = table.data.get(key)
-        if value is not None and table.cow:
-            value = table.own(key, value)
+        if table.watch:
+            return table.live(key, value)
         return value
+
+    def _get(self, key: Any) -> Any:
+        """The key's value for reading only (not handed out for changes)."""
+        table = self._t
+        value = table.data.get(key)
+        if value is None and table.watch:
+            return table.get(key)
+        return value
+
+    def _put(self, key: Any, value: Any) -> None:
+        table = self._t
+        if table.watch:
+            table.put(key, value)
+        else:
+            table.data[key] = value
 
     def clear(self) -> None:
         key = self._key()
         table = self._t
-        if table.dirty is not None:
-            table.dirty.add(key)
-        table.data.pop(key, None)
+        if table.watch:
+            table.remove(key)
+        else:
+            table.data.pop(key, None)
 
 
 class HeapValueState(_HeapState, ValueState):
-    """Value state: the table maps each key to its value."""
+    """Value state of immutable values: the table maps each key to its value."""
 
     __slots__ = ()
 
@@ -134,11 +98,8 @@ class HeapValueState(_HeapState, ValueState):
             raise self._b.no_key(self._name)
         table = self._t
         value = table.data.get(key)
-        if value is not None and not table.meta.stored_serializer.immutable:
-            if table.cow:
-                value = table.own(key, value)
-            if table.dirty is not None:  # a mutable value handed out may be changed in place
-                table.dirty.add(key)
+        if value is None and table.watch:
+            return table.get(key)
         return value
 
     def update(self, value: Any) -> None:
@@ -146,15 +107,36 @@ class HeapValueState(_HeapState, ValueState):
         if key is NO_KEY:
             raise self._b.no_key(self._name)
         table = self._t
-        if table.dirty is not None:
-            table.dirty.add(key)
         if value is None:
-            table.data.pop(key, None)
+            if table.watch:
+                table.remove(key)
+            else:
+                table.data.pop(key, None)
             return
         if type(value) is not self._exact or (
                 self._low is not None and not self._low <= value <= self._high):  # inlined
             check_value(self._check, value, self._name)
-        table.data[key] = value
+        if table.watch:
+            table.put(key, value)
+        else:
+            table.data[key] = value
+
+
+class HeapMutableValueState(HeapValueState):
+    """Value state of mutable values (lists, dicts, ...): a value handed out may be changed in
+    place, so it is made private first while a snapshot shares it (and marked dirty)."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        value = table.data.get(key)
+        if table.watch:
+            return table.live(key, value)
+        return value
 
 
 class HeapListState(_HeapState, ListState):
@@ -173,7 +155,7 @@ class HeapListState(_HeapState, ListState):
             check_value(self._check, value, self._name)
         lst = self._live(key)
         if lst is None:
-            self._t.data[key] = [value]
+            self._put(key, [value])
         else:
             lst.append(value)
 
@@ -185,7 +167,7 @@ class HeapListState(_HeapState, ListState):
         self._check_all(values)
         lst = self._live(key)
         if lst is None:
-            self._t.data[key] = values
+            self._put(key, values)
         else:
             lst.extend(values)
 
@@ -194,12 +176,9 @@ class HeapListState(_HeapState, ListState):
         values = [] if values is None else list(values)
         if values:
             self._check_all(values)
-        if self._t.dirty is not None:
-            self._t.dirty.add(key)
-        if values:
-            self._t.data[key] = values
+            self._put(key, values)
         else:
-            self._t.data.pop(key, None)
+            self.clear()
 
 
 class HeapMapState(_HeapState, MapState):
@@ -216,13 +195,34 @@ class HeapMapState(_HeapState, MapState):
         # immutable map values may be handed out without copy-on-write or dirty marking
         self._shared_reads = bool(getattr(element, "immutable", False))
 
-    def _read(self, key: Any) -> dict[Any, Any] | None:
-        if self._shared_reads:
-            return self._t.data.get(key)
-        return self._live(key)
+    def _read(self) -> dict[Any, Any] | None:
+        """The current key's map for reading: shared when its values are immutable, else private
+        (one call deep: the map reads are the hot path)."""
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        m = table.data.get(key)
+        if table.watch:
+            if not self._shared_reads:
+                return table.live(key, m)
+            if m is None:
+                return table.get(key)
+        return m
+
+    def _peek(self) -> dict[Any, Any] | None:
+        """The current key's map, not handed out for changes."""
+        key = self._b.current_key
+        if key is NO_KEY:
+            raise self._b.no_key(self._name)
+        table = self._t
+        m = table.data.get(key)
+        if m is None and table.watch:
+            return table.get(key)
+        return m
 
     def get(self, key: Any) -> Any:
-        m = self._read(self._key())
+        m = self._read()
         return None if m is None else m.get(key)
 
     def put(self, key: Any, value: Any) -> None:
@@ -233,7 +233,7 @@ class HeapMapState(_HeapState, MapState):
             check_value(self._check, value, self._name)
         m = self._live(current)
         if m is None:
-            self._t.data[current] = {key: value}
+            self._put(current, {key: value})
         else:
             m[key] = value
 
@@ -247,37 +247,23 @@ class HeapMapState(_HeapState, MapState):
         if m is not None:
             m.pop(key, None)
             if not m:
-                del self._t.data[current]
+                self.clear()
 
     def contains(self, key: Any) -> bool:
-        m = self._t.data.get(self._key())
+        m = self._peek()
         return m is not None and key in m
 
     def items(self) -> list[tuple[Any, Any]]:
-        m = self._read(self._key())
+        m = self._read()
         return [] if m is None else list(m.items())
 
     def keys(self) -> list[Any]:
-        m = self._t.data.get(self._key())
+        m = self._peek()
         return [] if m is None else list(m)
 
     def values(self) -> list[Any]:
-        m = self._read(self._key())
+        m = self._read()
         return [] if m is None else list(m.values())
 
     def is_empty(self) -> bool:
-        return not self._t.data.get(self._key())
-
-
-
-class Restored:
-    """A restored state not registered yet: its layout and kind, and key -> plain stored value
-    (converted by the state's serializer when the state is registered)."""
-
-    __slots__ = ("data", "kind", "layout", "shared")
-
-    def __init__(self, layout: list[Any], kind: str) -> None:
-        self.layout = layout
-        self.kind = kind
-        self.data: dict[Any, Any] = {}
-        self.shared = 0  # asynchronous snapshots still writing ``data`` (carried over)
+        return not self._peek()
