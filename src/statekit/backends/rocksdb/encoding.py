@@ -15,20 +15,12 @@ import msgpack
 from rocksdict import Rdict
 
 from statekit.errors import CorruptCheckpointError
+from statekit.serde.msgpack import array_header
 from statekit.state.ttl import stamp_of
 
 SEQ_MAX = b"\xff" * 8
 KG_END = b"\x80"  # key groups are < 2**15, so every key sorts below this
 NIL = b"\xc0"  # msgpack nil: a None map value inside a serialized map
-
-
-def array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def split_array(buf: bytes) -> list[bytes]:
