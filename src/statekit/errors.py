@@ -50,6 +50,10 @@ class StateNameClashError(StateError, ValueError):
     """Two descriptors of different kinds or types were registered under one state name."""
 
 
+class InvalidStateNameError(StateError, ValueError):
+    """A state name no backend can hold (empty, a NUL character, not encodable as UTF-8, too long)."""
+
+
 class StateSizeError(StateError, ValueError):
     """A key, value or whole state exceeds a configured size limit."""
 

@@ -57,7 +57,7 @@ def test_the_same_limit_on_both_sides():
 
 def test_forged_nesting_is_a_typed_error_not_a_crash():
     # the reported blob: about 200 nested tuples in 714 bytes, and chains of the other containers
-    out = run_isolated(f"""
+    out = run_isolated("""
         import msgpack
         from statekit.serde.msgpack import unpackb
         for code in (1, 2, 3, 8):

@@ -34,6 +34,7 @@ from statekit.serde.keygroups import (
     key_group_for_bytes,
     key_group_range_for_operator,
 )
+from statekit.serde.keys import as_key_serializer
 from statekit.serde.types import serializer_for
 from statekit.state.limits import MAX_KEY_SIZE_KEY, MAX_VALUE_SIZE_KEY
 
@@ -119,7 +120,7 @@ class LocalJob:
         self.source = keyed._upstream._source
         self.transforms = keyed._upstream._transforms
         self.selector = keyed._selector
-        self.key_serializer = serializer_for(keyed._key_type)
+        self.key_serializer = as_key_serializer(serializer_for(keyed._key_type))
         self.func = stream._func
         self.name = name or "statekit job"
         self.limit = limit
