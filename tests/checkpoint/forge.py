@@ -72,7 +72,13 @@ def write_job(kind: str, root: str, parallelism: int = 2, checkpoints: int = 2) 
     try:
         for round_ in range(checkpoints):
             _write(cluster, round_)
-            cluster.checkpoint()
+            cid = cluster.checkpoint()
+            # the local runner's fields around the tasks, as a job's checkpoint holds them
+            fields = {"job_id": "forged", "job_name": "forged", "source": {"offset": 100 * cid},
+                      "parallelism": parallelism, "backend": backend,
+                      "timestamp": 1_700_000_000_000 + cid}
+            rewrite_metadata(f"{cluster.access.location}/chk-{cid}/_metadata",
+                             lambda body, fields=fields: body.update(fields))
     finally:
         cluster.close()
     return cluster.access.location

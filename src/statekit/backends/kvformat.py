@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from statekit.checkpoint import schema
 from statekit.checkpoint.checksum import part_locations
 from statekit.errors import CorruptCheckpointError, SerializationError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes, key_groups_for_bytes
@@ -81,6 +82,43 @@ def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:
     """The task handle of a ``KV_FORMAT`` snapshot."""
     return {**handle_header(backend, KV_FORMAT), "states": states}  # type: ignore[typeddict-item]
+
+
+# --- the schema pass over handles ------------------------------------------------------------------
+
+STATE_KINDS = ("value", "list", "map")
+
+
+def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
+    """Check one state entry of a handle (layout, kind, data, and its index or parts inside the
+    data's size); ``plain``: whether the plain encoding may occur here."""
+    entry = schema.mapping(entry, path)
+    schema.sequence(entry.get("layout"), f"{path}.layout")
+    if entry.get("kind") not in STATE_KINDS:
+        raise schema.fail(f"{path}.kind", f"expected one of {', '.join(STATE_KINDS)}")
+    size = schema.handle(entry.get("data"), f"{path}.data")
+    if "encoding" in entry:
+        if not plain or entry["encoding"] != "plain":
+            raise schema.fail(f"{path}.encoding", f"unexpected encoding {entry['encoding']!r}")
+        schema.locations(entry.get("parts"), f"{path}.parts", size)
+        return
+    for kg, loc in schema.mapping(entry.get("index"), f"{path}.index").items():
+        schema.integer(kg, f"{path}.index", recorded.start, recorded.end)
+        schema.location(loc, f"{path}.index[{kg}]", size)
+
+
+def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
+    """Check a map of state name to entry."""
+    for name, entry in schema.mapping(states, path).items():
+        check_entry(entry, f"{path}.{schema.state_name(name, path)}", recorded, plain=plain)
+
+
+def _check_kv_handle(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
+    check_states(task.get("states"), f"{path}.states", recorded)
+
+
+for _fmt in KV_FORMATS:
+    schema.register_format(_fmt, _check_kv_handle)
 
 
 # --- indexed entries -------------------------------------------------------------------------------

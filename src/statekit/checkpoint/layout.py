@@ -26,7 +26,10 @@ log = logging.getLogger("statekit.checkpoint")
 RECOVER_FROM_OLDER_KEY = "execution.checkpointing.recover-from-older-on-corruption"
 
 METADATA = "_metadata"
-CHK_PATTERN = re.compile(r"^chk-(\d+)/")
+#: a checkpoint directory's name: ``chk-<id>``, the id in plain ASCII digits (no leading zero,
+#: at most 19 of them), so that listing a forged directory never runs a huge ``int()``
+CHK_NAME = re.compile(r"chk-(0|[1-9][0-9]{0,18})")
+CHK_PATTERN = re.compile(rf"^{CHK_NAME.pattern}/")
 JOBMANAGER_SCHEME = "jobmanager://"
 
 
@@ -69,7 +72,7 @@ class CheckpointStorageAccess:
 
     def load(self, checkpoint_id: int) -> dict[str, Any]:
         key = f"chk-{checkpoint_id}/{METADATA}"
-        return decode_metadata(self.store.get(key), f"{self.location}/{key}")
+        return decode_metadata(self.store.get(key), f"{self.location}/{key}", checkpoint_id)
 
     def verify(self, checkpoint_id: int) -> dict[str, Any]:
         """The checkpoint's metadata after reading back every file it references (size, CRC,

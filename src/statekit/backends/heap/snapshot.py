@@ -21,6 +21,7 @@ from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import (
     PACE_SLICE,
     KvStateData,
+    check_states,
     group_entries,
     handle_header,
     indexed_blob,
@@ -28,10 +29,11 @@ from statekit.backends.kvformat import (
     plain_parts,
     write_plain_entry,
 )
+from statekit.checkpoint import schema
 from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError, ConfigError
-from statekit.serde.keygroups import key_group_for_bytes
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.msgpack import packb, unpackb
 
 if TYPE_CHECKING:
@@ -40,6 +42,21 @@ if TYPE_CHECKING:
 
 #: Format tag of incremental heap checkpoints: a base plus ordered changelogs, both key-grouped.
 HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
+
+
+
+def _check_changelog(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
+    """The schema pass over an incremental heap handle: a base, then indexed changelogs."""
+    check_states(task.get("base"), f"{path}.base", recorded)
+    for n, log in enumerate(schema.sequence(task.get("logs"), f"{path}.logs")):
+        check_states(log, f"{path}.logs[{n}]", recorded, plain=False)
+    for key in ("base_bytes", "log_bytes"):
+        schema.integer(task.get(key), f"{path}.{key}", 0)
+    if "incremental" in task:
+        schema.boolean(task["incremental"], f"{path}.incremental")
+
+
+schema.register_format(HEAP_CHANGELOG_FORMAT, _check_changelog)
 
 SNAPSHOT_MODES = ("thread", "fork")
 DEFAULT_SNAPSHOT_MODE = "thread"
