@@ -26,6 +26,10 @@ class UnknownPluginError(ConfigError):
     """A backend or checkpoint-storage name is neither built in, registered, nor importable."""
 
 
+class MissingDependencyError(UnknownPluginError, ImportError):
+    """A plugin's optional dependency is not installed; the message says what to install."""
+
+
 # --- state access --------------------------------------------------------------------------------
 
 

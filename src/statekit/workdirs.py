@@ -13,9 +13,12 @@ from __future__ import annotations
 import atexit
 import fcntl
 import os
+import re
 import shutil
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 LOCK_SUFFIX = ".lock"
@@ -89,6 +92,30 @@ def sweep(root: str | os.PathLike[str], prefix: str = "") -> list[Path]:
             removed.append(path)
         finally:
             os.close(fd)
+    return removed
+
+
+def sweep_unowned(root: str | os.PathLike[str], pattern: str, idle_seconds: float,
+                  busy: Callable[[Path], bool]) -> list[Path]:
+    """Remove directories under ``root`` made before owners held lock files (older statekit
+    versions): names matching ``pattern``, no lock file, untouched for ``idle_seconds``, and not
+    ``busy`` (e.g. a database some process still has open)."""
+    base = Path(root)
+    removed: list[Path] = []
+    if not base.is_dir():
+        return removed
+    now = time.time()
+    for path in base.iterdir():
+        if (not re.fullmatch(pattern, path.name) or not path.is_dir()
+                or (base / f"{path.name}{LOCK_SUFFIX}").exists()):
+            continue
+        try:
+            if now - path.stat().st_mtime < idle_seconds or busy(path):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
     return removed
 
 

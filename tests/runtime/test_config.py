@@ -192,3 +192,82 @@ def test_plugin_registration():
     backend_registry.register("mine", MyBackend)
     env = StreamExecutionEnvironment.get_execution_environment({"state.backend.type": "mine"})
     assert isinstance(env.get_state_backend(), MyBackend)
+
+
+def test_documented_defaults_are_the_defaults_readers_get():
+    from statekit import config
+
+    assert cfg.OPTIONS is config.OPTIONS  # the old module path re-exports the ground-floor table
+    for option in config.OPTIONS:
+        if not option.described:
+            assert option.read({}) == option.parse(option.key, option.default), option.key
+    assert config.read({}, "execution.checkpointing.timeout") == CheckpointConfig.DEFAULT_TIMEOUT
+    assert config.read({"pipeline.max-parallelism": "64"}, "pipeline.max-parallelism") == 64
+    assert config.default("state.checkpoints.dir") is None
+    with pytest.raises(ConfigError):
+        config.read({"state.changelog.materialize-every-batches": "0"},
+                    "state.changelog.materialize-every-batches")
+
+
+def test_every_name_goes_through_the_registry(tmp_path):
+    from statekit.checkpoint.config import storage_from_config
+    from statekit.registry import backend_registry, storage_registry
+    from statekit.runtime.environment import backend_from_config
+
+    assert backend_registry.resolve("jobmanager") is MemoryStateBackend
+    assert backend_registry.resolve("filesystem") is FsStateBackend
+    conf = {"state.checkpoints.dir": str(tmp_path), "state.backend.incremental": "true"}
+    fs = backend_from_config({**conf, "state.backend.type": "filesystem"})
+    assert isinstance(fs, FsStateBackend) and fs.is_incremental_checkpoints_enabled()
+    assert type(backend_from_config({})) is HashMapStateBackend  # the table's default name
+    assert isinstance(storage_registry.create("filesystem", conf, FileSystemCheckpointStorage),
+                      FileSystemCheckpointStorage)
+    jm = storage_from_config({"state.checkpoint-storage.jobmanager.max-state-size": "1 kb"})
+    assert isinstance(jm, JobManagerCheckpointStorage) and jm.get_max_state_size() == 1024
+    with pytest.raises(ConfigError, match="wraps"):
+        CustomStateBackend.from_config({})
+
+
+def test_a_missing_optional_dependency_names_what_to_install():
+    from statekit.errors import MissingDependencyError
+    from statekit.registry import PluginRegistry
+
+    registry = PluginRegistry("statekit.test", "state.backend.type", {
+        "absent": {"class": "no_such_module_here:Backend", "err": "pip install no-such-module"},
+    })
+    with pytest.raises(MissingDependencyError, match="pip install no-such-module") as info:
+        registry.resolve("absent")
+    assert isinstance(info.value, ImportError) and info.value.key == "state.backend.type"
+
+
+def test_configure_returns_a_configured_copy(tmp_path):
+    storage = FileSystemCheckpointStorage(str(tmp_path))
+    configured = storage.configure({"state.storage.fs.multipart-threshold": "1 mb",
+                                    "state.storage.fs.retries": "1"})
+    assert configured is not storage and configured.multipart_threshold == 1 << 20
+    assert storage.multipart_threshold is None and storage.retry.retries == 4
+    assert configured.retry.retries == 1
+    # a setting made in code wins over the flat key
+    given = FileSystemCheckpointStorage(str(tmp_path), multipart_threshold=5 << 20)
+    assert given.configure({"state.storage.fs.multipart-threshold": "1 mb"}
+                           ).multipart_threshold == 5 << 20
+    heap = HashMapStateBackend()
+    assert heap.configure({"state.backend.heap.transfer.thread.num": "3"}
+                          ).get_number_of_transfering_threads() == 3
+    assert heap.get_number_of_transfering_threads() == 1
+
+
+def test_checkpoint_config_reads_its_own_keys(tmp_path):
+    c = CheckpointConfig()
+    assert c.configure({"execution.checkpointing.interval": "1 s",
+                        "execution.checkpointing.mode": "at-least-once",
+                        "execution.checkpointing.externalized-checkpoint-retention":
+                            "RETAIN_ON_CANCELLATION",
+                        "state.checkpoints.dir": str(tmp_path)}) is c
+    assert c.get_checkpoint_interval() == 1000
+    assert c.get_checkpointing_mode() == CheckpointingMode.AT_LEAST_ONCE
+    assert c.get_externalized_checkpoint_cleanup() == ExternalizedCheckpointCleanup.RETAIN_ON_CANCELLATION
+    assert isinstance(c.get_checkpoint_storage(), FileSystemCheckpointStorage)
+    with pytest.raises(ConfigError) as info:
+        c.configure({"execution.checkpointing.timeout": "soon"})
+    assert info.value.key == "execution.checkpointing.timeout"

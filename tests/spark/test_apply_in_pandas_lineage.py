@@ -23,7 +23,7 @@ from statekit import (
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.errors import CorruptCheckpointError
 from statekit.spark import apply_in_pandas as aip
-from statekit.spark.runner import AdapterSpec, TaskInfo
+from statekit.spark.task import AdapterSpec, TaskInfo
 
 
 class Count(KeyedProcessFunction):
@@ -308,3 +308,13 @@ def test_random_lineages_restore_exactly_in_a_fresh_process(tmp_path, seed):
             assert sim.batch(b, rng.choice(list(mid_task)), chosen)   # Spark's retry
         if b % 3 == 2:
             _fresh_process_reads_back(sim, tmp_path, b + 1, b)
+
+
+def test_earlier_module_paths_still_import():
+    from statekit.spark import runner, task
+    from statekit.spark.apply_in_pandas import lineage, partition
+
+    assert runner.AdapterSpec is task.AdapterSpec and runner.TaskInfo is TaskInfo
+    assert aip.PartitionRuntime is partition.PartitionRuntime
+    assert issubclass(aip.PartitionRuntime, lineage.PartitionLineage)
+    assert aip.SnapshotId.batch_after(aip.SnapshotId.encode(6, 5000)) == 7

@@ -30,6 +30,7 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
     write_kv_state,
     write_plain_entry,
 )
+from statekit.config import Configurable
 from statekit.errors import NoKeyContextError, PickleNotAllowedError, StateNameClashError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.keys import as_key_serializer
@@ -100,8 +101,12 @@ class SnapshotRun:
             self._cancel()
 
 
-class StateBackend(ABC):
-    """Where working state lives; a picklable factory of per-partition keyed backends."""
+class StateBackend(Configurable, ABC):
+    """Where working state lives; a picklable factory of per-partition keyed backends.
+
+    Built from flat keys by :meth:`from_config` (``state.backend.type`` names the class in the
+    registry) and configured by :meth:`configure`, which returns a configured copy.
+    """
 
     #: registry name, written into snapshots so restores know who wrote them
     name: str = "custom"
@@ -118,10 +123,6 @@ class StateBackend(ABC):
     def default_checkpoint_storage(self) -> CheckpointStorage | None:
         """Checkpoint storage implied by a legacy facade (MemoryStateBackend...); None otherwise."""
         return None
-
-    def configure(self, config: dict[str, Any]) -> StateBackend:
-        """Apply flat configuration keys this backend understands (override to add some)."""
-        return self
 
     @abstractmethod
     def create_keyed_state_backend(

@@ -7,9 +7,10 @@ wraps a user class.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.heap import HashMapStateBackend
 from statekit.checkpoint.storage import (
@@ -34,6 +35,14 @@ class MemoryStateBackend(HashMapStateBackend):
         super().__init__(using_asynchronous_snapshots)
         self._storage = JobManagerCheckpointStorage(checkpoint_path, max_state_size)
         self._savepoint_path = savepoint_path.rstrip("/") if savepoint_path else None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> MemoryStateBackend:
+        """``state.backend.type: jobmanager`` (Flink's legacy name): heap state, checkpoints in
+        memory (their metadata also under ``state.checkpoints.dir`` when it is set)."""
+        return cls(config.get("state.checkpoints.dir"), config.get("state.savepoints.dir"),
+                   cfg.get(config, "state.checkpoint-storage.jobmanager.max-state-size",
+                           cfg.parse_size)).configure(dict(config))
 
     def get_max_state_size(self) -> int:
         return self._storage.get_max_state_size()
@@ -71,6 +80,16 @@ class FsStateBackend(HashMapStateBackend):
             savepoint_path=default_savepoint_directory_uri,
         )
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> FsStateBackend:
+        """``state.backend.type: filesystem`` (Flink's legacy name): heap state, checkpoints as
+        files under ``state.checkpoints.dir``, which it needs."""
+        if not config.get("state.checkpoints.dir"):
+            raise ConfigError("state.backend.type",
+                              "'filesystem' needs state.checkpoints.dir to be set")
+        return cls(str(config["state.checkpoints.dir"]),
+                   config.get("state.savepoints.dir")).configure(dict(config))
+
     def get_checkpoint_path(self) -> str:
         return self._storage.get_checkpoint_path()
 
@@ -104,6 +123,13 @@ class CustomStateBackend(StateBackend):
         super().__init__(backend.is_using_asynchronous_snapshots())
         self.backend = backend
         self.name = backend.name
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> StateBackend:
+        """Configuration names the wrapped backend itself (``state.backend.type`` takes a class
+        path), so this wrapper is only built in code."""
+        raise ConfigError("state.backend.type", "CustomStateBackend wraps a backend given in "
+                          "code; name the backend's class (a dotted path) instead")
 
     def default_checkpoint_storage(self) -> CheckpointStorage | None:
         return self.backend.default_checkpoint_storage()

@@ -7,9 +7,11 @@ A storage is a small picklable configuration; :meth:`CheckpointStorage.create_ac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.config import Configurable
 from statekit.errors import ConfigError
 
 
@@ -21,8 +23,12 @@ def strip_path(path: str | None) -> str | None:
     return path.rstrip("/") if path.rstrip("/") else path
 
 
-class CheckpointStorage(ABC):
-    """Where checkpoints of a job go; a small picklable configuration."""
+class CheckpointStorage(Configurable, ABC):
+    """Where checkpoints of a job go; a small picklable configuration.
+
+    Built from flat keys by :meth:`from_config` (``state.checkpoint-storage`` names the class in
+    the registry) and configured by :meth:`configure`, which returns a configured copy.
+    """
 
     name = "custom"
 
@@ -34,9 +40,6 @@ class CheckpointStorage(ABC):
     def get_savepoint_path(self) -> str | None:
         """Default directory for savepoints, or None."""
 
-    def configure(self, config: dict[str, Any]) -> CheckpointStorage:
-        return self
-
 
 class CustomCheckpointStorage(CheckpointStorage):
     """Wraps a user-provided :class:`CheckpointStorage` instance (PyFlink's ``CustomCheckpointStorage``)."""
@@ -47,6 +50,13 @@ class CustomCheckpointStorage(CheckpointStorage):
                               f"expected a CheckpointStorage, got {type(storage).__name__}")
         self.storage = storage
         self.name = storage.name
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CheckpointStorage:
+        """Configuration names the wrapped storage itself (``state.checkpoint-storage`` takes a
+        class path), so this wrapper is only built in code."""
+        raise ConfigError("state.checkpoint-storage", "CustomCheckpointStorage wraps a storage "
+                          "given in code; name the storage's class (a dotted path) instead")
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         return self.storage.create_access(job_id)

@@ -1,14 +1,19 @@
-"""Checkpointing settings with PyFlink's names, constants and defaults."""
+"""Checkpointing settings with PyFlink's names, constants and defaults, and the flat keys
+that set them (:meth:`CheckpointConfig.configure`, as Flink's ``CheckpointConfig.configure``)."""
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Mapping
 from enum import IntEnum
+from typing import Any
 
+from statekit import config as cfg
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.durations import Time, to_millis
 from statekit.errors import ConfigError
+from statekit.registry import storage_registry
 
 
 class CheckpointingMode(IntEnum):
@@ -29,11 +34,12 @@ class ExternalizedCheckpointCleanup(IntEnum):
 class CheckpointConfig:
     """All checkpointing settings of one environment (PyFlink's ``CheckpointConfig``)."""
 
-    DEFAULT_MODE = CheckpointingMode.EXACTLY_ONCE
-    DEFAULT_TIMEOUT = 600000
-    DEFAULT_MIN_PAUSE_BETWEEN_CHECKPOINTS = 0
-    DEFAULT_MAX_CONCURRENT_CHECKPOINTS = 1
-    DEFAULT_NUM_RETAINED_CHECKPOINTS = 1
+    DEFAULT_MODE = CheckpointingMode[cfg.default("execution.checkpointing.mode")]
+    DEFAULT_TIMEOUT: int = cfg.default("execution.checkpointing.timeout")
+    DEFAULT_MIN_PAUSE_BETWEEN_CHECKPOINTS: int = cfg.default("execution.checkpointing.min-pause")
+    DEFAULT_MAX_CONCURRENT_CHECKPOINTS: int = cfg.default(
+        "execution.checkpointing.max-concurrent-checkpoints")
+    DEFAULT_NUM_RETAINED_CHECKPOINTS: int = cfg.default("state.checkpoints.num-retained")
     UNDEFINED_TOLERABLE_CHECKPOINT_NUMBER = -1
 
     def __init__(self) -> None:
@@ -51,6 +57,24 @@ class CheckpointConfig:
         self._alignment_timeout = 0
         self._storage: CheckpointStorage | None = None
         self._num_retained = self.DEFAULT_NUM_RETAINED_CHECKPOINTS
+
+    # --- flat keys ------------------------------------------------------------------------------
+
+    def configure(self, configuration: Mapping[str, Any]) -> CheckpointConfig:
+        """Apply the checkpointing keys set in ``configuration`` (canonical names).
+
+        Like its setters (and Flink's ``CheckpointConfig.configure``) this changes the settings
+        in place: the environment's one ``CheckpointConfig``, which callers may already hold.
+        ``state.checkpoint-storage`` or ``state.checkpoints.dir`` replace the storage, since
+        keys given explicitly win over earlier settings.
+        """
+        for key, setter in _FLAT_KEYS:
+            value = configuration.get(key)
+            if value is not None:
+                setter(self, cfg.BY_KEY[key].parse(key, value))
+        if "state.checkpoint-storage" in configuration or "state.checkpoints.dir" in configuration:
+            self.set_checkpoint_storage(storage_from_config(configuration))
+        return self
 
     # --- interval and mode ---------------------------------------------------------------------
 
@@ -215,3 +239,34 @@ class CheckpointConfig:
 
     def get_checkpoint_storage(self) -> CheckpointStorage | None:
         return self._storage
+
+
+#: flat key -> the setter its parsed value goes to (see :meth:`CheckpointConfig.configure`)
+_FLAT_KEYS: tuple[tuple[str, Any], ...] = (
+    ("execution.checkpointing.interval", CheckpointConfig.set_checkpoint_interval),
+    ("execution.checkpointing.mode",
+     lambda c, name: c.set_checkpointing_mode(CheckpointingMode[name])),
+    ("execution.checkpointing.timeout", CheckpointConfig.set_checkpoint_timeout),
+    ("execution.checkpointing.min-pause", CheckpointConfig.set_min_pause_between_checkpoints),
+    ("execution.checkpointing.max-concurrent-checkpoints",
+     CheckpointConfig.set_max_concurrent_checkpoints),
+    ("execution.checkpointing.tolerable-failed-checkpoints",
+     CheckpointConfig.set_tolerable_checkpoint_failure_number),
+    ("execution.checkpointing.prefer-checkpoint-for-recovery",
+     CheckpointConfig.set_prefer_checkpoint_for_recovery),
+    ("execution.checkpointing.unaligned", CheckpointConfig.enable_unaligned_checkpoints),
+    ("state.checkpoints.num-retained", CheckpointConfig.set_num_retained_checkpoints),
+    ("execution.checkpointing.externalized-checkpoint-retention",
+     lambda c, name: c.set_externalized_checkpoint_cleanup(ExternalizedCheckpointCleanup[name])),
+)
+
+
+def storage_from_config(config: Mapping[str, Any]) -> CheckpointStorage:
+    """The storage ``state.checkpoint-storage`` names, built by the registry from ``config``.
+
+    Unnamed, it is implied as in Flink: file system storage under ``state.checkpoints.dir``
+    when that is set, JobManager storage otherwise.
+    """
+    name = config.get("state.checkpoint-storage") or (
+        "filesystem" if config.get("state.checkpoints.dir") else "jobmanager")
+    return storage_registry.create(str(name), config, CheckpointStorage)

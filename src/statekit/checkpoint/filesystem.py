@@ -3,15 +3,23 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
-from statekit import values as cfg
+from statekit import config as cfg
 from statekit.checkpoint.base import CheckpointStorage, strip_path
 from statekit.checkpoint.blobstore.fsspec import FsspecBlobStore, blob_store_for
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import ConfigError
+
+THRESHOLD_KEY = "state.storage.fs.memory-threshold"
+WRITE_BUFFER_KEY = "state.storage.fs.write-buffer-size"
+
+#: the storage's flat keys (a setting made in code wins over them)
+_SETTINGS = (cfg.Setting("multipart_threshold", ("state.storage.fs.multipart-threshold",)),)
 
 
 class FileSystemCheckpointStorage(CheckpointStorage):
@@ -22,9 +30,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     """
 
     name = "filesystem"
-    DEFAULT_FILE_STATE_THRESHOLD = 20 * 1024
+    DEFAULT_FILE_STATE_THRESHOLD: int = cfg.default(THRESHOLD_KEY)
     MAX_FILE_STATE_THRESHOLD = 1024 * 1024
-    DEFAULT_WRITE_BUFFER_SIZE = 4096
+    DEFAULT_WRITE_BUFFER_SIZE: int = cfg.default(WRITE_BUFFER_KEY)
 
     def __init__(self, checkpoint_path: str, file_state_size_threshold: int | None = None,
                  write_buffer_size: int | None = None, savepoint_path: str | None = None,
@@ -48,23 +56,34 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         self._threshold = threshold
         self._write_buffer_size = buffer
         self.storage_options = dict(storage_options or {})
+        self._retry_given = retry  # None: not set in code, the flat keys decide
         self.retry = retry or RetryPolicy()
         self.multipart_threshold = multipart_threshold
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> FileSystemCheckpointStorage:
+        """``state.checkpoint-storage: filesystem``, the default when ``state.checkpoints.dir``
+        is set (which it needs); inline threshold and write buffer from their keys."""
+        directory = config.get("state.checkpoints.dir")
+        if not directory:
+            raise ConfigError("state.checkpoint-storage",
+                              "'filesystem' needs state.checkpoints.dir to be set")
+        return cls(str(directory), cfg.read(config, THRESHOLD_KEY), cfg.read(config, WRITE_BUFFER_KEY),
+                   savepoint_path=config.get("state.savepoints.dir")).configure(dict(config))
+
     def configure(self, config: dict[str, Any]) -> FileSystemCheckpointStorage:
-        """Apply flat keys: retries (``state.storage.fs.retries``, ``.retry-backoff``,
+        """A copy with flat keys applied: retries (``state.storage.fs.retries``, ``.retry-backoff``,
         ``.retry-max-backoff``), ``state.storage.fs.multipart-threshold`` and, for ``s3://``
         paths, Flink's ``s3.endpoint`` / ``s3.access-key`` / ``s3.secret-key`` /
-        ``s3.path.style.access`` (otherwise the usual AWS environment and config files apply)."""
-
-        if any(k.startswith("state.storage.fs.retr") for k in config):
-            self.retry = RetryPolicy.from_config(config)
-        threshold = cfg.get(config, "state.storage.fs.multipart-threshold", cfg.parse_size)
-        if threshold is not None:
-            self.multipart_threshold = threshold
+        ``s3.path.style.access`` (otherwise the usual AWS environment and config files apply).
+        Settings made in code win over keys."""
+        new = copy.copy(self)
+        if self._retry_given is None and any(k.startswith("state.storage.fs.retr") for k in config):
+            new.retry = RetryPolicy.from_config(config)
+        cfg.apply_settings(_SETTINGS, self, new, config)
         if str(self._checkpoint_path).startswith(("s3://", "s3a://")):
-            self.storage_options = {**s3_options_from_config(config), **self.storage_options}
-        return self
+            new.storage_options = {**s3_options_from_config(config), **self.storage_options}
+        return new
 
     def store_for(self, root: str) -> LocalBlobStore | FsspecBlobStore:
         """A blob store under ``root`` with this storage's options, retries and multipart size."""

@@ -3,12 +3,18 @@ Flink's size limit per state."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from statekit import config as cfg
 from statekit.checkpoint.base import CheckpointStorage, strip_path
 from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.blobstore.memory import MemoryBlobStore
 from statekit.checkpoint.layout import JOBMANAGER_SCHEME, CheckpointStorageAccess
 from statekit.errors import ConfigError
+
+MAX_STATE_SIZE_KEY = "state.checkpoint-storage.jobmanager.max-state-size"
 
 #: an inline threshold no chunk reaches: JobManager storage keeps every chunk in the metadata
 INLINE_ALL = 1 << 62
@@ -22,13 +28,20 @@ class JobManagerCheckpointStorage(CheckpointStorage):
     """
 
     name = "jobmanager"
-    DEFAULT_MAX_STATE_SIZE = 5 * 1024 * 1024
+    DEFAULT_MAX_STATE_SIZE: int = cfg.default(MAX_STATE_SIZE_KEY)
 
     def __init__(self, checkpoint_path: str | None = None, max_state_size: int | None = None) -> None:
         if max_state_size is not None and max_state_size <= 0:
             raise ConfigError("max_state_size", "must be positive")
         self._checkpoint_path = strip_path(checkpoint_path)
         self._max_state_size = max_state_size or self.DEFAULT_MAX_STATE_SIZE
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> JobManagerCheckpointStorage:
+        """``state.checkpoint-storage: jobmanager``, the default without a checkpoint directory;
+        with ``state.checkpoints.dir`` the metadata is also persisted there."""
+        return cls(config.get("state.checkpoints.dir"),
+                   cfg.read(config, MAX_STATE_SIZE_KEY)).configure(dict(config))
 
     def get_max_state_size(self) -> int:
         return self._max_state_size

@@ -4,7 +4,9 @@ discard with mark-and-sweep of shared files, and orphan cleanup.
 ``<root>/<job_id>/chk-<n>/_metadata`` is written last and makes checkpoint ``n`` complete;
 ``shared/`` holds files several checkpoints reference.  Instead of a reference-count table that
 can drift after a crash, discarding checkpoint ``n`` deletes the shared files ``n`` referenced
-that no retained checkpoint's ``_metadata`` references.
+that no retained checkpoint's ``_metadata`` references.  ``attempts/b<batch>/<token>`` are empty
+markers of task attempts, for a writer that commits nothing of its own per batch (Spark's
+``applyInPandasWithState`` adapter): which attempts ran a batch tells which one Spark kept.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ METADATA = "_metadata"
 #: at most 19 of them), so that listing a forged directory never runs a huge ``int()``
 CHK_NAME = re.compile(r"chk-(0|[1-9][0-9]{0,18})")
 CHK_PATTERN = re.compile(rf"^{CHK_NAME.pattern}/")
+ATTEMPTS_PREFIX = "attempts/"
 JOBMANAGER_SCHEME = "jobmanager://"
 
 
@@ -153,6 +156,26 @@ class CheckpointStorageAccess:
         for key in removed:
             self.store.delete(key)
         return removed
+
+    # --- task attempt markers --------------------------------------------------------------------
+
+    @staticmethod
+    def _attempts_prefix(batch: int) -> str:
+        return f"{ATTEMPTS_PREFIX}b{batch:012d}/"
+
+    def mark_attempt(self, batch: int, token: str) -> None:
+        """Record durably that the task attempt ``token`` ran batch ``batch``."""
+        self.store.put(self._attempts_prefix(batch) + token, b"")
+
+    def attempts(self, batch: int) -> list[str]:
+        """Tokens of the attempts recorded for ``batch``."""
+        return [k.rsplit("/", 1)[-1] for k in self.store.list(self._attempts_prefix(batch))]
+
+    def retire_attempts(self, before_batch: int) -> None:
+        """Delete the attempt markers of every batch before ``before_batch``."""
+        for key in self.store.list(ATTEMPTS_PREFIX):
+            if int(key[len(ATTEMPTS_PREFIX):].split("/", 1)[0][1:]) < before_batch:
+                self.store.delete(key)
 
     def delete_all(self) -> None:
         self.store.delete_prefix("")

@@ -89,7 +89,7 @@ class ProcessedStream:
 
     def add_sink(self, sink: Callable[[Any], None]) -> ProcessedStream:
         """Deliver committed outputs to ``sink`` when ``env.execute()`` runs."""
-        self._env.__dict__.setdefault("_sinks", []).append((self, sink))
+        self._env.register_sink(self, sink)
         return self
 
 

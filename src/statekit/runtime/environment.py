@@ -7,23 +7,22 @@ the environment resolves them into a state backend and a checkpoint storage when
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.base import StateBackend
-from statekit.checkpoint.config import (
+from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.config import (  # noqa: F401 (storage_from_config: kept importable here)
     CheckpointConfig,
     CheckpointingMode,
-    ExternalizedCheckpointCleanup,
+    storage_from_config,
 )
-from statekit.checkpoint.storage import (
-    CheckpointStorage,
-    FileSystemCheckpointStorage,
-    JobManagerCheckpointStorage,
-)
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import ConfigError
-from statekit.registry import backend_registry, storage_registry
-from statekit.runtime import config as cfg
+from statekit.registry import backend_registry
+from statekit.runtime.datastream import DataStream, ProcessedStream
+from statekit.runtime.job import CollectResult, run_sinks
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from statekit.serde.types import TypeInformation
@@ -42,6 +41,7 @@ class StreamExecutionEnvironment:
         self._restart: RestartStrategyConfiguration | None = None
         self._savepoint_dir: str | None = None
         self._config: dict[str, Any] = {}
+        self._sinks: list[tuple[ProcessedStream, Callable[[Any], None]]] = []
 
     @staticmethod
     def get_execution_environment(config: Mapping[str, Any] | None = None
@@ -58,53 +58,26 @@ class StreamExecutionEnvironment:
 
         Keys outside statekit's namespaces are the job's own parameters
         (``RuntimeContext.get_job_parameter``); an unknown key inside them (``state.*``,
-        ``execution.checkpointing.*``, ...) is a typo and raises :class:`ConfigError`.
+        ``execution.checkpointing.*``, ...) is a typo and raises :class:`ConfigError`.  Each
+        part reads its own keys: the checkpoint config, the restart strategies and the backend
+        (named through the registry, or the one set in code, configured).
         """
         conf = cfg.validate(cfg.normalize(configuration))
         self._config.update(conf)
-        cc = self._checkpoint_config
-        interval = cfg.get(conf, "execution.checkpointing.interval", cfg.parse_duration_ms)
-        if interval is not None:
-            cc.set_checkpoint_interval(interval)
-        modes = {m.name: m for m in CheckpointingMode}
-        mode = cfg.get(conf, "execution.checkpointing.mode", lambda k, v: cfg.parse_enum(k, v, modes))
-        if mode is not None:
-            cc.set_checkpointing_mode(mode)
-        setters = [
-            ("execution.checkpointing.timeout", cfg.parse_duration_ms, cc.set_checkpoint_timeout),
-            ("execution.checkpointing.min-pause", cfg.parse_duration_ms,
-             cc.set_min_pause_between_checkpoints),
-            ("execution.checkpointing.max-concurrent-checkpoints", cfg.parse_int,
-             cc.set_max_concurrent_checkpoints),
-            ("execution.checkpointing.tolerable-failed-checkpoints", cfg.parse_int,
-             cc.set_tolerable_checkpoint_failure_number),
-            ("execution.checkpointing.prefer-checkpoint-for-recovery", cfg.parse_bool,
-             cc.set_prefer_checkpoint_for_recovery),
-            ("execution.checkpointing.unaligned", cfg.parse_bool, cc.enable_unaligned_checkpoints),
-            ("state.checkpoints.num-retained", cfg.parse_int, cc.set_num_retained_checkpoints),
-            ("parallelism.default", cfg.parse_int, self.set_parallelism),
-            ("pipeline.max-parallelism", cfg.parse_int, self.set_max_parallelism),
-        ]
-        for key, parse, setter in setters:
-            value = cfg.get(conf, key, parse)
-            if value is not None:
-                setter(value)
-        cleanups = {c.name: c for c in ExternalizedCheckpointCleanup}
-        cleanup = cfg.get(conf, "execution.checkpointing.externalized-checkpoint-retention",
-                          lambda k, v: cfg.parse_enum(k, v, cleanups))
-        if cleanup is not None:
-            cc.set_externalized_checkpoint_cleanup(cleanup)
+        self._checkpoint_config.configure(conf)
+        for key, setter in (("parallelism.default", self.set_parallelism),
+                            ("pipeline.max-parallelism", self.set_max_parallelism)):
+            if conf.get(key) is not None:
+                setter(cfg.read(conf, key))
         if conf.get("state.savepoints.dir"):
             self._savepoint_dir = str(conf["state.savepoints.dir"])
-        restart = _restart_from_config(conf)
+        restart = RestartStrategies.from_config(conf)
         if restart is not None:
             self._restart = restart
         if "state.backend.type" in conf:
             self._backend = backend_from_config(conf)
         elif self._backend is not None:
             self._backend = self._backend.configure(conf)
-        if "state.checkpoint-storage" in conf or "state.checkpoints.dir" in conf:
-            cc._storage = storage_from_config(conf)  # explicit keys win over earlier settings
         return self
 
     def get_configuration(self) -> dict[str, Any]:
@@ -130,10 +103,17 @@ class StreamExecutionEnvironment:
         return self._checkpoint_config.get_checkpointing_mode()
 
     def set_default_savepoint_directory(self, directory: str) -> StreamExecutionEnvironment:
+        """PyFlink's default savepoint directory (``state.savepoints.dir``), kept for its API.
+
+        In Flink it names where a savepoint goes when one is triggered without a directory; it
+        never triggers one.  statekit's one trigger, ``execute_and_collect(savepoint_dir=...)``,
+        always names its directory, so a job with this set still takes no savepoint unasked.
+        """
         self._savepoint_dir = directory
         return self
 
     def get_default_savepoint_directory(self) -> str | None:
+        """The directory :meth:`set_default_savepoint_directory` or ``state.savepoints.dir`` set."""
         return self._savepoint_dir
 
     # --- state backend ---------------------------------------------------------------------------
@@ -149,11 +129,9 @@ class StreamExecutionEnvironment:
         return self._backend
 
     def resolved_state_backend(self) -> StateBackend:
-        """The backend a job uses: the one set, else ``hashmap``."""
+        """The backend a job uses: the one set, else the default (``hashmap``) configured."""
         if self._backend is None:
-            from statekit.backends.heap import HashMapStateBackend
-
-            return HashMapStateBackend().configure(self._config)
+            return backend_from_config(self._config)
         return self._backend
 
     def resolved_checkpoint_storage(self) -> CheckpointStorage:
@@ -207,87 +185,27 @@ class StreamExecutionEnvironment:
     # --- sources and execution ---------------------------------------------------------------------
 
     def from_collection(self, collection: Iterable[Any], type_info: TypeInformation | None = None
-                        ) -> Any:
+                        ) -> DataStream:
         """A replayable source over ``collection``; its position is part of every checkpoint."""
-        from statekit.runtime.local import DataStream
-
         return DataStream(self, list(collection), [])
 
-    def execute(self, job_name: str | None = None) -> Any:
-        """Run every stream that ends in ``add_sink``."""
-        from statekit.runtime.local import run_sinks
+    def register_sink(self, stream: ProcessedStream, sink: Callable[[Any], None]) -> None:
+        """Remember a stream that ends in ``sink`` (``ProcessedStream.add_sink``) for
+        :meth:`execute`."""
+        self._sinks.append((stream, sink))
 
+    def take_sinks(self) -> list[tuple[ProcessedStream, Callable[[Any], None]]]:
+        """The streams registered with their sinks, forgotten here: each runs once."""
+        sinks, self._sinks = self._sinks, []
+        return sinks
+
+    def execute(self, job_name: str | None = None) -> list[CollectResult]:
+        """Run every stream that ends in ``add_sink``, each as its own job."""
         return run_sinks(self, job_name)
 
 
 def backend_from_config(conf: Mapping[str, Any]) -> StateBackend:
-    """The backend named by ``state.backend.type`` (a registry name or dotted path), configured."""
-    name = str(conf["state.backend.type"]).strip()
-    legacy = name.lower()
-    if legacy == "jobmanager":
-        from statekit.backends.legacy import MemoryStateBackend
-
-        return MemoryStateBackend(conf.get("state.checkpoints.dir"),
-                                  conf.get("state.savepoints.dir"))
-    if legacy == "filesystem":
-        from statekit.backends.legacy import FsStateBackend
-
-        if not conf.get("state.checkpoints.dir"):
-            raise ConfigError("state.backend.type",
-                              "'filesystem' needs state.checkpoints.dir to be set")
-        return FsStateBackend(str(conf["state.checkpoints.dir"]), conf.get("state.savepoints.dir"))
-    target = backend_registry.resolve(name)
-    backend = target() if callable(target) else target
-    if not isinstance(backend, StateBackend):
-        raise ConfigError("state.backend.type",
-                          f"{name!r} does not create a statekit StateBackend")
-    return backend.configure(dict(conf))
-
-
-def storage_from_config(conf: Mapping[str, Any]) -> CheckpointStorage:
-    """The checkpoint storage named by ``state.checkpoint-storage`` / implied by the directory."""
-    directory = conf.get("state.checkpoints.dir")
-    name = str(conf.get("state.checkpoint-storage") or ("filesystem" if directory else "jobmanager"))
-    if name.lower() == "jobmanager":
-        max_size = cfg.get(conf, "state.checkpoint-storage.jobmanager.max-state-size", cfg.parse_size)
-        return JobManagerCheckpointStorage(directory, max_size)
-    if name.lower() == "filesystem":
-        if not directory:
-            raise ConfigError("state.checkpoint-storage",
-                              "'filesystem' needs state.checkpoints.dir to be set")
-        return FileSystemCheckpointStorage(
-            str(directory),
-            cfg.get(conf, "state.storage.fs.memory-threshold", cfg.parse_size),
-            cfg.get(conf, "state.storage.fs.write-buffer-size", cfg.parse_size),
-            savepoint_path=conf.get("state.savepoints.dir"),
-        ).configure(dict(conf))
-    target = storage_registry.resolve(name)
-    storage = target() if callable(target) else target
-    if not isinstance(storage, CheckpointStorage):
-        raise ConfigError("state.checkpoint-storage",
-                          f"{name!r} does not create a statekit CheckpointStorage")
-    return storage.configure(dict(conf))
-
-
-def _restart_from_config(conf: Mapping[str, Any]) -> RestartStrategyConfiguration | None:
-    kind = conf.get("restart-strategy.type")
-    if kind is None:
-        return None
-    kind = str(kind).strip().lower().replace("_", "-")
-    if kind in ("none", "off", "disable"):
-        return RestartStrategies.no_restart()
-    if kind in ("fixed-delay", "fixeddelay"):
-        return RestartStrategies.fixed_delay_restart(
-            cfg.get(conf, "restart-strategy.fixed-delay.attempts", cfg.parse_int, 1),
-            cfg.get(conf, "restart-strategy.fixed-delay.delay", cfg.parse_duration_ms, 1000),
-        )
-    if kind in ("failure-rate", "failurerate"):
-        return RestartStrategies.failure_rate_restart(
-            cfg.get(conf, "restart-strategy.failure-rate.max-failures-per-interval",
-                    cfg.parse_int, 1),
-            cfg.get(conf, "restart-strategy.failure-rate.failure-rate-interval",
-                    cfg.parse_duration_ms, 60_000),
-            cfg.get(conf, "restart-strategy.failure-rate.delay", cfg.parse_duration_ms, 1000),
-        )
-    raise ConfigError("restart-strategy.type",
-                      f"expected none, fixed-delay or failure-rate, got {kind!r}")
+    """The backend ``state.backend.type`` names (default ``hashmap``; a registry name or dotted
+    path), built by the registry from the flat keys ``conf``."""
+    name = conf.get("state.backend.type") or cfg.default("state.backend.type")
+    return backend_registry.create(str(name).strip(), conf, StateBackend)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from statekit.backends.base import KeyedStateBackend
 from statekit.errors import StateError
@@ -23,6 +24,8 @@ from statekit.state.descriptors import (
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
+
+F = TypeVar("F", bound="Function")
 
 
 class RuntimeContext:
@@ -197,3 +200,17 @@ class VectorizedKeyedFunction(Function, ABC):
 
     @abstractmethod
     def process_batch(self, rows: Any, state: Any) -> Any: ...
+
+
+def open_function(function: F, backend: KeyedStateBackend, task_name: str, index: int,
+                  max_parallelism: int, *, parallelism: int = -1, attempt: int = 0,
+                  job_parameters: Mapping[str, Any] | None = None) -> F:
+    """A private copy of ``function``, opened on ``backend``.
+
+    Every partition (and every restore of one) runs its own instance, so the state handles its
+    ``open`` creates point at that partition's backend and never at another's.
+    """
+    instance = copy.deepcopy(function)
+    instance.open(RuntimeContext(backend, task_name, index, parallelism, max_parallelism, attempt,
+                                 dict(job_parameters or {})))
+    return instance

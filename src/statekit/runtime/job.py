@@ -10,7 +10,6 @@ element twice.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 import uuid
@@ -18,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from statekit import values as cfg
+from statekit import config as cfg
 from statekit.backends.base import KeyedStateBackend
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
@@ -27,7 +26,7 @@ from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
-from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext
+from statekit.runtime.functions import KeyedProcessFunction, open_function
 from statekit.runtime.restart import RestartTracker
 from statekit.serde.keygroups import (
     KeyGroupRange,
@@ -201,12 +200,11 @@ class LocalJob:
     def _size_limits(self) -> tuple[int | None, int | None]:
         """Configured ``state.backend.max-key-size`` / ``max-value-size`` (None: default)."""
         conf = self.env.get_configuration()
-        return (cfg.get(conf, MAX_KEY_SIZE_KEY, cfg.parse_size),
-                cfg.get(conf, MAX_VALUE_SIZE_KEY, cfg.parse_size))
+        return cfg.read(conf, MAX_KEY_SIZE_KEY), cfg.read(conf, MAX_VALUE_SIZE_KEY)
 
     def _recover_from_older(self) -> bool:
         """Whether a damaged newest checkpoint may be skipped for an older intact one."""
-        return bool(cfg.get(self.env.get_configuration(), RECOVER_FROM_OLDER_KEY, cfg.parse_bool, False))
+        return bool(cfg.read(self.env.get_configuration(), RECOVER_FROM_OLDER_KEY))
 
     def _create_tasks(self, restore: _RestorePoint | None, attempt: int) -> list[_Task]:
         tasks = []
@@ -218,9 +216,6 @@ class LocalJob:
             )
             backend.set_size_limits(*self._size_limits())
             name = f"{OPERATOR}-{index}"
-            task = _Task(index, name, rng, backend, copy.deepcopy(self.func),
-                         KeyedProcessFunction.Context(backend))
-            tasks.append(task)
             if restore is not None:
                 handles = [
                     h for h in restore.metadata.get("tasks", {}).values()
@@ -228,14 +223,14 @@ class LocalJob:
                 ]
                 # any backend's checkpoint restores into any backend (the one config flag)
                 restore_into(backend, [(h, restore.reader) for h in handles])
-            context = RuntimeContext(backend, name, index, self.parallelism,
-                                     self.max_parallelism, attempt)
             try:
-                task.func.open(context)
+                func = open_function(self.func, backend, name, index, self.max_parallelism,
+                                     parallelism=self.parallelism, attempt=attempt)
             except StatekitError:
                 raise
             except Exception as exc:
                 raise _UserFailure() from exc
+            tasks.append(_Task(index, name, rng, backend, func, KeyedProcessFunction.Context(backend)))
         return tasks
 
     def _process(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
@@ -357,6 +352,6 @@ def _transfer_threads(backend: Any) -> int:
 def run_sinks(env: Any, job_name: str | None) -> list[CollectResult]:
     """Run each stream registered with ``add_sink`` as its own job."""
     results = []
-    for stream, sink in env.__dict__.pop("_sinks", []):
+    for stream, sink in env.take_sinks():
         results.append(LocalJob(stream, job_name, None, None, sink=sink).run())
     return results

@@ -2,10 +2,12 @@
 
 Version ``N`` is the state after batch ``N``.  A task of batch ``N`` opens the newest durable
 version before ``N``; it reuses the copy this process holds only when the durable metadata of that
-version names the very attempt that produced the local copy (DESIGN.md rule 2), and restores
-from checkpoint storage otherwise.  ``commit`` makes version ``N`` durable, recording which
-attempt wrote it (rule 1); a retried or speculative attempt that commits ``N`` again replaces the
-metadata atomically, and its files never share a name with another attempt's.
+version names the very attempt that produced the local copy, and restores from checkpoint storage
+otherwise: a copy built by an attempt Spark discarded (a failed or speculative one, or one in
+another process) would otherwise carry changes the committed lineage never had.  ``commit`` makes
+version ``N`` durable, recording which attempt wrote it, so that check has something to compare;
+a retried or speculative attempt that commits ``N`` again replaces the metadata atomically, and
+its files never share a name with another attempt's.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.savepoint import open_external
 from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
+from statekit.config import default
 from statekit.errors import CheckpointNotFoundError, MissingStateError, StatekitError
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import TypeSerializer
 
 log = logging.getLogger("statekit.partition")
 
-DEFAULT_VERSIONS_RETAINED = 10
+DEFAULT_VERSIONS_RETAINED: int = default("state.partition.versions-retained")
 
 
 @dataclass

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from statekit import config as cfg
 from statekit.durations import Time, to_millis
 
 
@@ -80,4 +83,24 @@ class RestartStrategies:
         return RestartStrategyConfiguration(
             "failure-rate", failure_rate=int(failure_rate),
             failure_interval_ms=to_millis(failure_interval), delay_ms=to_millis(delay_interval),
+        )
+
+    @staticmethod
+    def from_config(config: Mapping[str, Any]) -> RestartStrategyConfiguration | None:
+        """The strategy ``restart-strategy.type`` names (canonical keys), its parameters from
+        their keys or defaults; None when no type is set."""
+        if config.get("restart-strategy.type") is None:
+            return None
+        kind = cfg.read(config, "restart-strategy.type").replace("_", "-")
+        if kind in ("none", "off", "disable"):
+            return RestartStrategies.no_restart()
+        if kind in ("fixed-delay", "fixeddelay"):
+            return RestartStrategies.fixed_delay_restart(
+                cfg.read(config, "restart-strategy.fixed-delay.attempts"),
+                cfg.read(config, "restart-strategy.fixed-delay.delay"),
+            )
+        return RestartStrategies.failure_rate_restart(
+            cfg.read(config, "restart-strategy.failure-rate.max-failures-per-interval"),
+            cfg.read(config, "restart-strategy.failure-rate.failure-rate-interval"),
+            cfg.read(config, "restart-strategy.failure-rate.delay"),
         )

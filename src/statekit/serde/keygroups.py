@@ -12,7 +12,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MAX_PARALLELISM = 128
+from statekit.config import default
+
+DEFAULT_MAX_PARALLELISM: int = default("pipeline.max-parallelism")
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
 
 

@@ -13,19 +13,17 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
 from statekit.errors import ConfigError, StatekitError
-from statekit.runtime import config as cfg
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
-from statekit.runtime.partition import DEFAULT_VERSIONS_RETAINED
-from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.spark import reporting, stopping
 from statekit.spark.jobmanager import DriverCheckpointStorage, QueryCheckpointStorage
 from statekit.spark.partitioning import grouping_types, key_types
-from statekit.spark.runner import AdapterSpec, PartitionTask, TaskInfo
 from statekit.spark.session import remember_working_roots
+from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
 SPARK_PREFIX = "spark.statekit."
 VERSIONS_RETAINED_KEY = "state.partition.versions-retained"
@@ -63,12 +61,7 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     ``FsStateBackend``), else files under each query's Spark checkpoint location, so that state
     is as durable as the query.  JobManager storage lives in the driver's memory.
     """
-    if "state.backend.type" in conf:
-        backend = backend_from_config(conf)
-    else:
-        from statekit.backends.heap import HashMapStateBackend
-
-        backend = HashMapStateBackend().configure(dict(conf))
+    backend = backend_from_config(conf)
     if "state.checkpoint-storage" in conf or "state.checkpoints.dir" in conf:
         storage = storage_from_config(conf)
     else:
@@ -78,10 +71,16 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     return backend, storage
 
 
-def _spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
-          operator_id: str | None, conf: Mapping[str, Any] | None,
-          grouped_df: Any = None) -> tuple[AdapterSpec, Any]:
-    """Resolve and check everything a query's tasks need, in the driver, before it starts."""
+def build_spec(spark: Any, function: Function, key_columns: list[str], output_schema: Any,
+               operator_id: str | None, conf: Mapping[str, Any] | None,
+               grouped_df: Any = None) -> tuple[AdapterSpec, Any]:
+    """Resolve and check everything a query's tasks need, in the driver, before it starts.
+
+    Every adapter calls it: the function's type, the whole ``spark.statekit.*`` configuration,
+    backend and storage (a typo fails here, not in a task), and the output schema; with the
+    ``grouped_df`` of Spark's grouped APIs, also how Spark partitions its keys.  Returns the spec
+    the tasks receive and the output ``StructType``.
+    """
     if not isinstance(function, Function):
         raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
                         f"got {type(function).__name__}")
@@ -98,15 +97,13 @@ def _spec(spark: Any, function: Function, key_columns: list[str], output_schema:
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
         remember_working_roots(roots())
-    max_parallelism = cfg.get(flat, "pipeline.max-parallelism", cfg.parse_int,
-                              DEFAULT_MAX_PARALLELISM)
-    retained = cfg.get(flat, VERSIONS_RETAINED_KEY, cfg.parse_int, DEFAULT_VERSIONS_RETAINED)
     spec = AdapterSpec(
         function=function, backend=backend, storage=storage,
         operator_id=operator_id or type(function).__name__,
         key_columns=list(key_columns), output_columns=[f.name for f in schema.fields],
-        max_parallelism=max_parallelism, versions_retained=retained, conf=flat,
-        allow_missing_state=bool(cfg.get(flat, ALLOW_MISSING_KEY, cfg.parse_bool, False)),
+        max_parallelism=cfg.read(flat, "pipeline.max-parallelism"),
+        versions_retained=cfg.read(flat, VERSIONS_RETAINED_KEY), conf=flat,
+        allow_missing_state=bool(cfg.read(flat, ALLOW_MISSING_KEY)),
         savepoint_path=flat.get(SAVEPOINT_KEY) or None, rescalable=grouped_df is None,
     )
     if grouped_df is not None:  # Spark's groupBy shuffle: its partition count is the query's
@@ -150,7 +147,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     spark = grouped_df._df.sparkSession
-    spec, schema = _spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
+    spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
 
     class StatekitProcessor(StatefulProcessor):
         """Bridges Spark's per-key calls to the statekit function and partition store."""
@@ -214,8 +211,8 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         raise ConfigError("num_partitions", f"must be at least 1, got {num_partitions!r}")
     if not callable(sink):
         raise ConfigError("sink", f"expected a function (output_df, batch_id), got {sink!r}")
-    spec, schema = _spec(_active_session(), function, key_columns, output_schema, operator_id,
-                         conf)
+    spec, schema = build_spec(_active_session(), function, key_columns, output_schema,
+                              operator_id, conf)
 
     def run(batch_df: Any, batch_id: int) -> None:
         spark = batch_df.sparkSession

@@ -25,20 +25,18 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from statekit.checkpoint.storage import (
-    _INLINE_ALL,
-    CheckpointStorage,
-    CheckpointStorageAccess,
-    JobManagerCheckpointStorage,
-)
-from statekit.checkpoint.store import BlobStore, MemoryBlobStore, check_key
+from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.blobstore.base import BlobStore, check_key
+from statekit.checkpoint.blobstore.memory import MemoryBlobStore
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import INLINE_ALL, JobManagerCheckpointStorage
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import (
     CheckpointNotFoundError,
     CheckpointStorageError,
     StateSizeError,
     UnsafePathError,
 )
-from statekit.runtime.environment import storage_from_config
 
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 _TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
@@ -295,7 +293,7 @@ class DriverCheckpointStorage(CheckpointStorage):
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         store = RemoteBlobStore(self.url, self.secret, job_id)
-        return CheckpointStorageAccess(store, f"jobmanager://{job_id}", _INLINE_ALL,
+        return CheckpointStorageAccess(store, f"jobmanager://{job_id}", INLINE_ALL,
                                        self.max_state_size)
 
 
@@ -387,8 +385,8 @@ class QueryCheckpointStorage(CheckpointStorage):
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         query_id = job_id.split("/", 1)[0]
-        storage = storage_from_config({**self.conf, "state.checkpoint-storage": "filesystem",
-                                       "state.checkpoints.dir": self.root(query_id)})
+        storage = FileSystemCheckpointStorage.from_config(
+            {**self.conf, "state.checkpoints.dir": self.root(query_id)})
         return storage.create_access(job_id)
 
     def __repr__(self) -> str:

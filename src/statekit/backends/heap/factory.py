@@ -12,28 +12,46 @@ from typing import Any
 from statekit.backends.base import StateBackend
 from statekit.backends.heap.backend import HeapKeyedStateBackend
 from statekit.backends.heap.snapshot import DEFAULT_SNAPSHOT_MODE, check_snapshot_mode
+from statekit.config import Setting, apply_settings, default
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
-from statekit.values import parse_bool, parse_float, parse_int
-
-#: the heap backend's numeric settings: flat key -> (attribute, parser, rule, its wording)
-_NUMERIC_SETTINGS: dict[str, tuple[str, Callable[[str, Any], Any], Callable[[Any], bool], str]] = {
-    "state.backend.heap.materialization-interval":
-        ("_interval", parse_int, lambda v: v >= 1, "must be at least 1"),
-    "state.backend.heap.max-log-ratio": ("_ratio", parse_float, lambda v: v > 0, "must be positive"),
-    "state.backend.heap.snapshot-pace":
-        ("_pace", parse_float, lambda v: v >= 0, "must not be negative"),
-}
+from statekit.values import parse_float, parse_int
 
 
-def _setting(key: str, value: Any) -> Any:
-    """``value`` of the numeric setting ``key``, parsed and checked (ConfigError naming the key)."""
-    _, parse, rule, wording = _NUMERIC_SETTINGS[key]
-    parsed = parse(key, value)
-    if not rule(parsed):
-        raise ConfigError(key, wording)
-    return parsed
+def _checked(parse: Callable[[str, Any], Any], rule: Callable[[Any], bool], wording: str
+             ) -> Callable[[str, Any], Any]:
+    """``parse`` followed by ``rule`` (ConfigError naming the key, with ``wording``)."""
+
+    def parse_checked(key: str, value: Any) -> Any:
+        parsed = parse(key, value)
+        if not rule(parsed):
+            raise ConfigError(key, wording)
+        return parsed
+
+    return parse_checked
+
+
+_INTERVAL = _checked(parse_int, lambda v: v >= 1, "must be at least 1")
+_RATIO = _checked(parse_float, lambda v: v > 0, "must be positive")
+_PACE = _checked(parse_float, lambda v: v >= 0, "must not be negative")
+
+_INTERVAL_KEY = "state.backend.heap.materialization-interval"
+_RATIO_KEY = "state.backend.heap.max-log-ratio"
+_PACE_KEY = "state.backend.heap.snapshot-pace"
+_THREADS_KEY = "state.backend.heap.transfer.thread.num"
+
+#: the heap backend's flat keys (a setting made in code wins over them)
+_SETTINGS = (
+    Setting("_incremental", ("state.backend.heap.incremental", "state.backend.incremental",
+                             "execution.checkpointing.incremental")),
+    Setting("_interval", (_INTERVAL_KEY,), _INTERVAL),
+    Setting("_ratio", (_RATIO_KEY,), _RATIO),
+    Setting("_pace", (_PACE_KEY,), _PACE),
+    Setting("_mode", ("state.backend.heap.snapshot-mode",), lambda k, v: check_snapshot_mode(v, k)),
+    Setting("_threads", (_THREADS_KEY,)),
+    Setting("_async", ("state.backend.async", "execution.checkpointing.async"), given="_async_given"),
+)
 
 
 class HashMapStateBackend(StateBackend):
@@ -48,10 +66,6 @@ class HashMapStateBackend(StateBackend):
     """
 
     name = "hashmap"
-    # set from ``_NUMERIC_SETTINGS`` (None: not set, the getter's default applies)
-    _interval: int | None
-    _ratio: float | None
-    _pace: float | None
 
     def __init__(self, using_asynchronous_snapshots: bool | None = None, *,
                  incremental: bool | None = None, materialization_interval: int | None = None,
@@ -59,25 +73,26 @@ class HashMapStateBackend(StateBackend):
                  number_of_transfering_threads: int | None = None,
                  snapshot_mode: str | None = None, snapshot_pace: float | None = None) -> None:
         super().__init__(using_asynchronous_snapshots)
-        self._explicit_async = using_asynchronous_snapshots is not None
+        # None: not set in code, so a flat key may set it and the getter's default applies
+        self._async_given = using_asynchronous_snapshots
         self._incremental = incremental
         self._threads: int | None = None
         if number_of_transfering_threads is not None:
             self.set_number_of_transfering_threads(number_of_transfering_threads)
         self._mode = None if snapshot_mode is None else check_snapshot_mode(snapshot_mode)
-        for key, value in (("state.backend.heap.materialization-interval", materialization_interval),
-                           ("state.backend.heap.max-log-ratio", max_log_ratio),
-                           ("state.backend.heap.snapshot-pace", snapshot_pace)):
-            setattr(self, _NUMERIC_SETTINGS[key][0], None if value is None else _setting(key, value))
+        self._interval: int | None = (None if materialization_interval is None
+                                      else _INTERVAL(_INTERVAL_KEY, materialization_interval))
+        self._ratio: float | None = None if max_log_ratio is None else _RATIO(_RATIO_KEY, max_log_ratio)
+        self._pace: float | None = None if snapshot_pace is None else _PACE(_PACE_KEY, snapshot_pace)
 
     def is_incremental_checkpoints_enabled(self) -> bool:
         return bool(self._incremental)
 
     def get_materialization_interval(self) -> int:
-        return int(self._interval or 10)
+        return int(default(_INTERVAL_KEY) if self._interval is None else self._interval)
 
     def get_max_log_ratio(self) -> float:
-        return float(self._ratio or 0.5)
+        return float(default(_RATIO_KEY) if self._ratio is None else self._ratio)
 
     def get_snapshot_mode(self) -> str:
         """How asynchronous snapshots serialize: ``thread`` (the default) or ``fork``."""
@@ -86,35 +101,21 @@ class HashMapStateBackend(StateBackend):
     def get_snapshot_pace(self) -> float:
         """Seconds the transfer thread sleeps per second of serialization (thread mode, default 1):
         higher keeps more GIL for processing and makes the asynchronous part longer."""
-        return 1.0 if self._pace is None else float(self._pace)
+        return float(default(_PACE_KEY) if self._pace is None else self._pace)
 
     def get_number_of_transfering_threads(self) -> int:
         """Threads writing snapshots (default 1); misspelt as PyFlink spells it, for drop-in use."""
-        return int(self._threads or 1)
+        return int(default(_THREADS_KEY) if self._threads is None else self._threads)
 
     def set_number_of_transfering_threads(self, number_of_transfering_threads: int) -> None:
         if int(number_of_transfering_threads) < 1:
-            raise ConfigError("state.backend.heap.transfer.thread.num", "must be at least 1")
+            raise ConfigError(_THREADS_KEY, "must be at least 1")
         self._threads = int(number_of_transfering_threads)
 
     def configure(self, config: dict[str, Any]) -> HashMapStateBackend:
         """A copy with flat configuration keys applied; settings made in code take precedence."""
         new = copy.copy(self)
-        for key in ("state.backend.heap.incremental", "state.backend.incremental",
-                    "execution.checkpointing.incremental"):
-            if config.get(key) is not None and self._incremental is None:
-                new._incremental = parse_bool(key, config[key])
-                break
-        for key, (attribute, *_) in _NUMERIC_SETTINGS.items():
-            if config.get(key) is not None and getattr(self, attribute) is None:
-                setattr(new, attribute, _setting(key, config[key]))
-        key = "state.backend.heap.snapshot-mode"
-        if config.get(key) is not None and self._mode is None:
-            new._mode = check_snapshot_mode(config[key], key)
-        for key in ("state.backend.async", "execution.checkpointing.async"):
-            if config.get(key) is not None and not self._explicit_async:
-                new._async = parse_bool(key, config[key])
-                break
+        apply_settings(_SETTINGS, self, new, config)
         return new
 
     def create_keyed_state_backend(self, *, key_serializer: TypeSerializer,

@@ -32,6 +32,7 @@ from statekit.backends.kvformat import (
 from statekit.checkpoint import schema
 from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams
+from statekit.config import default
 from statekit.errors import CheckpointError, ConfigError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.msgpack import packb, unpackb
@@ -59,7 +60,7 @@ def _check_changelog(task: dict[str, Any], path: str, recorded: KeyGroupRange) -
 schema.register_format(HEAP_CHANGELOG_FORMAT, _check_changelog)
 
 SNAPSHOT_MODES = ("thread", "fork")
-DEFAULT_SNAPSHOT_MODE = "thread"
+DEFAULT_SNAPSHOT_MODE: str = default("state.backend.heap.snapshot-mode")
 
 
 def check_snapshot_mode(mode: str, key: str = "state.backend.heap.snapshot-mode") -> str:

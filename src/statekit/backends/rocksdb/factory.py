@@ -5,11 +5,13 @@ and setters, and PyFlink's seed facade :class:`RocksDBStateBackend` (RocksDB plu
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import random
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from rocksdict import Options
@@ -26,10 +28,13 @@ from statekit.backends.rocksdb.options import (
 )
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.streams import safe_name
+from statekit.config import BY_KEY, Setting, apply_settings, default
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
-from statekit.values import parse_bool, parse_int
+from statekit.values import parse_bool
+
+_THREADS_KEY = "state.backend.rocksdb.checkpoint.transfer.thread.num"
 
 
 def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
@@ -45,6 +50,39 @@ def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _parse_paths(key: str, value: Any) -> list[str] | None:
+    """``state.backend.rocksdb.localdir``: one directory, or several separated by commas,
+    semicolons or the OS path separator (not in URLs); empty leaves the default."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, str):
+        seps = ",;" if "://" in value else ",;" + os.pathsep
+        value = [p for p in re.split(f"[{re.escape(seps)}]", value) if p.strip()]
+    elif not isinstance(value, list | tuple):
+        value = [value]
+    return [_local_path(p, key) for p in value]
+
+
+def _parse_options_factory(key: str, value: Any) -> OptionsFactory | str | None:
+    """An options factory's dotted name, checked now so that a typo fails at configuration."""
+    if value in (None, ""):
+        return None
+    resolve_options_factory(value, key)
+    return value  # type: ignore[no-any-return]
+
+
+#: the RocksDB backend's flat keys (a setting made in code wins over them)
+_SETTINGS = (
+    Setting("_incremental", ("execution.checkpointing.incremental", "state.backend.incremental")),
+    Setting("_paths", ("state.backend.rocksdb.localdir",), _parse_paths),
+    Setting("_predefined", ("state.backend.rocksdb.predefined-options",),
+            lambda k, v: PredefinedOptions.parse(v, k)),
+    Setting("_options_factory", ("state.backend.rocksdb.options-factory",), _parse_options_factory),
+    Setting("_threads", (_THREADS_KEY,)),
+    Setting("_ttl_filter", ("state.backend.rocksdb.ttl.compaction.filter.enabled",)),
+)
+
+
 class EmbeddedRocksDBStateBackend(StateBackend):
     """Working state in embedded RocksDB (via rocksdict): state larger than memory, native snapshots.
 
@@ -52,7 +90,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     """
 
     name = "rocksdb"
-    DEFAULT_TRANSFER_THREADS = 1
+    DEFAULT_TRANSFER_THREADS: int = default(_THREADS_KEY)
 
     def __init__(self, enable_incremental_checkpointing: bool | None = None) -> None:
         super().__init__(True)
@@ -112,7 +150,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
 
     def set_number_of_transfering_threads(self, number_of_transfering_threads: int) -> None:
         """Threads uploading and downloading files while snapshotting and restoring."""
-        self._threads = self._parse_threads(number_of_transfering_threads)
+        self._threads = BY_KEY[_THREADS_KEY].parse(_THREADS_KEY, number_of_transfering_threads)
 
     def get_number_of_transfering_threads(self) -> int:
         """Threads used to transfer files (default 1); misspelt as PyFlink spells it."""
@@ -128,47 +166,15 @@ class EmbeddedRocksDBStateBackend(StateBackend):
 
     def is_ttl_compaction_filter_enabled(self) -> bool:
         """Whether expired TTL state is cleaned up in the background (default True)."""
-        return True if self._ttl_filter is None else self._ttl_filter
-
-    @staticmethod
-    def _parse_threads(value: Any) -> int:
-        key = "state.backend.rocksdb.checkpoint.transfer.thread.num"
-        n = parse_int(key, value)
-        if n < 1:
-            raise ConfigError(key, f"expected a positive number of threads, got {value!r}")
-        return n
+        key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
+        return bool(default(key) if self._ttl_filter is None else self._ttl_filter)
 
     # --- configuration ----------------------------------------------------------------------------
 
     def configure(self, config: dict[str, Any]) -> EmbeddedRocksDBStateBackend:
         """A copy with flat configuration keys applied; settings made in code take precedence."""
         new = copy.copy(self)
-        for key in ("execution.checkpointing.incremental", "state.backend.incremental"):
-            if key in config and self._incremental is None:
-                new._incremental = parse_bool(key, config[key])
-                break
-        key = "state.backend.rocksdb.localdir"
-        if key in config and self._paths is None and config[key] not in (None, ""):
-            value = config[key]
-            if isinstance(value, str):
-                seps = ",;" if "://" in value else ",;" + os.pathsep
-                value = [p for p in re.split(f"[{re.escape(seps)}]", value) if p.strip()]
-            elif not isinstance(value, list | tuple):
-                value = [value]
-            new._paths = [_local_path(p, key) for p in value]
-        key = "state.backend.rocksdb.predefined-options"
-        if key in config and self._predefined is None:
-            new._predefined = PredefinedOptions.parse(config[key], key)
-        key = "state.backend.rocksdb.options-factory"
-        if key in config and self._options_factory is None and config[key] not in (None, ""):
-            resolve_options_factory(config[key], key)
-            new._options_factory = config[key]
-        key = "state.backend.rocksdb.checkpoint.transfer.thread.num"
-        if key in config and self._threads is None:
-            new._threads = self._parse_threads(config[key])
-        key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
-        if key in config and self._ttl_filter is None:
-            new._ttl_filter = parse_bool(key, config[key])
+        apply_settings(_SETTINGS, self, new, config)
         return new
 
     # --- keyed backends ---------------------------------------------------------------------------
@@ -185,6 +191,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     def _instance_dir(self, operator_id: str, key_group_range: KeyGroupRange) -> str:
         roots = self.working_roots()
         root = roots[0] if len(roots) == 1 else random.choice(roots)
+        sweep_legacy(root)
         prefix = f"{safe_name(operator_id)[:64]}-kg{key_group_range.start}-{key_group_range.end}-"
         return str(workdirs.create(root, prefix))  # removed on dispose, at exit, or by a sweep
 
@@ -229,6 +236,11 @@ class RocksDBStateBackend(EmbeddedRocksDBStateBackend):
             raise ConfigError("state.checkpoints.dir", "RocksDBStateBackend needs "
                               "checkpoint_data_uri or checkpoint_stream_backend")
 
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RocksDBStateBackend:
+        """RocksDB working state with file checkpoints under ``state.checkpoints.dir``."""
+        return cls(config.get("state.checkpoints.dir")).configure(dict(config))
+
     def get_checkpoint_backend(self) -> StateBackend:
         """The backend whose checkpoint storage persists this backend's snapshot bytes."""
         return self._checkpoint_backend
@@ -239,3 +251,33 @@ class RocksDBStateBackend(EmbeddedRocksDBStateBackend):
     def __repr__(self) -> str:
         return (f"RocksDBStateBackend({self._checkpoint_backend!r}, "
                 f"incremental={self.is_incremental_checkpoints_enabled()})")
+
+
+_swept: set[str] = set()
+
+
+def sweep_legacy(root: str) -> None:
+    """Once per process and root: remove working directories earlier statekit versions left
+    (named ``<operator>-kg<a>-<b>-<hex>``, no lock file), idle for 10 minutes, whose database no
+    process holds open (RocksDB's own ``LOCK`` file is free)."""
+    if root in _swept:
+        return
+    _swept.add(root)
+    workdirs.sweep_unowned(root, r".+-kg\d+-\d+-[0-9a-f]{12}", 600, _database_open)
+
+
+def _database_open(path: Path) -> bool:
+    lock = path / "db" / "LOCK"
+    if not lock.exists():
+        return False
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True  # another process has the database open
+    finally:
+        os.close(fd)
+    return False

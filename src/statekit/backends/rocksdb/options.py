@@ -16,6 +16,7 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, DBCompactionStyle, Options
 
 from statekit.errors import ConfigError
+from statekit.registry import import_path
 
 MB = 1024 * 1024
 
@@ -72,10 +73,8 @@ def resolve_options_factory(factory: OptionsFactory | str | None,
         return factory
     if not isinstance(factory, str) or not factory.strip():
         raise ConfigError(key, f"expected a callable or a dotted name, got {factory!r}")
-    from statekit.registry import _import
-
     try:
-        target = _import(factory.strip(), key)
+        target = import_path(factory.strip(), key)
     except ConfigError as exc:
         raise ConfigError(key, str(exc)) from exc
     if isinstance(target, type):

@@ -21,6 +21,7 @@ from fsspec.utils import get_protocol
 from statekit.checkpoint.blobstore.base import PathBlobStore, run_operation_hook
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
+from statekit.config import default
 
 
 def _resolve(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
@@ -45,7 +46,7 @@ class FsspecBlobStore(PathBlobStore):
     its guarantees that way.
     """
 
-    DEFAULT_MULTIPART_THRESHOLD = 16 * 1024 * 1024
+    DEFAULT_MULTIPART_THRESHOLD: int = default("state.storage.fs.multipart-threshold")
     DEFAULT_PART_SIZE = 8 * 1024 * 1024
     MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from statekit import values as cfg
+from statekit import config as cfg
 from statekit.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -74,9 +74,9 @@ class RetryPolicy:
     ``retries`` is the number of retries after the first attempt (0 disables retrying).
     """
 
-    retries: int = 4
-    initial_backoff: float = 0.1
-    max_backoff: float = 5.0
+    retries: int = cfg.default("state.storage.fs.retries")
+    initial_backoff: float = cfg.default("state.storage.fs.retry-backoff") / 1000
+    max_backoff: float = cfg.default("state.storage.fs.retry-max-backoff") / 1000
     multiplier: float = 2.0
     jitter: bool = True
 
@@ -91,13 +91,10 @@ class RetryPolicy:
         """The policy from flat keys ``state.storage.fs.retries`` / ``.retry-backoff`` /
         ``.retry-max-backoff`` (durations such as ``"100 ms"``)."""
 
-        default = cls()
         return cls(
-            retries=cfg.get(conf, "state.storage.fs.retries", cfg.parse_int, default.retries),
-            initial_backoff=cfg.get(conf, "state.storage.fs.retry-backoff", cfg.parse_duration_ms,
-                                    int(default.initial_backoff * 1000)) / 1000,
-            max_backoff=cfg.get(conf, "state.storage.fs.retry-max-backoff", cfg.parse_duration_ms,
-                                int(default.max_backoff * 1000)) / 1000,
+            retries=cfg.read(conf, "state.storage.fs.retries"),
+            initial_backoff=cfg.read(conf, "state.storage.fs.retry-backoff") / 1000,
+            max_backoff=cfg.read(conf, "state.storage.fs.retry-max-backoff") / 1000,
         )
 
     def delay(self, attempt: int) -> float:

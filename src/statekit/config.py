@@ -1,0 +1,435 @@
+"""Flat configuration keys (Flink's names and their Flink 2 aliases) from dicts and the environment.
+
+``STATEKIT_STATE_BACKEND_TYPE=rocksdb`` sets ``state.backend.type``: upper case, with dots and
+dashes as underscores.  Spark conf under ``spark.statekit.`` maps the same way (see
+``statekit.spark``).  Every key statekit reads is one :class:`Option` of :data:`OPTIONS` (name,
+aliases, default, a parser with its range, a line of documentation), so that validation, the
+generated configuration reference and the readers agree.  Malformed values raise
+:class:`ConfigError` naming the key; unknown keys in statekit's namespaces raise it too, with the
+nearest known key suggested.
+
+The table sits on the ground floor, beside the value parsers it uses, because every layer reads
+keys from it: checkpoint settings and storages, backends, the runtime and the Spark adapters.
+Plugins share one protocol (:class:`Configurable`: ``from_config`` builds, ``configure``
+returns a configured copy) and apply their own keys with :class:`Setting` rows
+(:func:`apply_settings`), under one rule: a setting made in code wins over a flat key.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from statekit.errors import ConfigError
+from statekit.values import (
+    at_least,
+    get,
+    parse_bool,
+    parse_duration_ms,
+    parse_enum,
+    parse_float,
+    parse_int,
+    parse_size,
+    parse_str,
+)
+
+ENV_PREFIX = "STATEKIT_"
+
+__all__ = [  # with the value parsers, which callers use with these keys
+    "BY_KEY",
+    "ENV_PREFIX",
+    "KEYS",
+    "NAMESPACES",
+    "OPTIONS",
+    "Configurable",
+    "Option",
+    "Setting",
+    "apply_settings",
+    "at_least",
+    "canonical",
+    "default",
+    "env_name",
+    "from_env",
+    "get",
+    "in_namespace",
+    "normalize",
+    "parse_bool",
+    "parse_duration_ms",
+    "parse_enum",
+    "parse_float",
+    "parse_int",
+    "parse_size",
+    "parse_str",
+    "read",
+    "reference_markdown",
+    "validate",
+]
+
+
+def _choice(*names: str) -> Callable[[str, Any], str]:
+    """A parser accepting one of ``names`` (case-insensitive, ``_`` for ``-`` accepted)."""
+    allowed = {n.lower().replace("_", "-"): n for n in names}
+
+    def parse(key: str, value: Any) -> str:
+        text = str(getattr(value, "name", value)).strip().lower().replace("_", "-")
+        if text not in allowed:
+            raise ConfigError(key, f"expected one of {', '.join(names)}, got {value!r}")
+        return allowed[text]
+
+    return parse
+
+
+def _plugin(key: str, value: Any) -> str:
+    """A backend or storage name: resolved (and checked) by the registry when it is used."""
+    return parse_str(key, value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration key: its Flink name, aliases, default, parser and what it does.
+
+    ``default`` is written as a user would write the value, and readers get it parsed
+    (:meth:`read`), so the documented default and the one in effect cannot drift apart.  Where
+    the default depends on the situation it is described in words instead (``described``), and
+    readers get None and decide themselves.
+    """
+
+    key: str
+    parse: Callable[[str, Any], Any]
+    default: str
+    doc: str
+    aliases: tuple[str, ...] = ()
+    described: bool = False
+
+    @property
+    def spark_key(self) -> str:
+        return "spark.statekit." + self.key
+
+    @property
+    def env_var(self) -> str:
+        return env_name(self.key)
+
+    @property
+    def default_value(self) -> Any:
+        """The value in effect when the key is not set (None where ``default`` is a description)."""
+        return None if self.described else self.parse(self.key, self.default)
+
+    def read(self, config: Mapping[str, Any]) -> Any:
+        """This key's value in ``config`` (canonical keys), parsed and checked, else the default."""
+        value = config.get(self.key)
+        return self.default_value if value is None else self.parse(self.key, value)
+
+
+_DUR = parse_duration_ms
+_NONNEG_DUR = at_least(parse_duration_ms, 0)
+_POS_DUR = at_least(parse_duration_ms, 1)
+_POS_SIZE = at_least(parse_size, 1)
+_NONNEG_INT = at_least(parse_int, 0)
+_POS_INT = at_least(parse_int, 1)
+
+OPTIONS: tuple[Option, ...] = (
+    # --- backend and storage ------------------------------------------------------------------
+    Option("state.backend.type", _plugin, "hashmap",
+           "State backend: `hashmap`, `rocksdb`, legacy `jobmanager`/`filesystem`, a registered "
+           "name or a dotted class path.", ("state.backend",)),
+    Option("state.checkpoint-storage", _plugin,
+           "`jobmanager` (local runner); on Spark: files under the query's checkpointLocation",
+           "Checkpoint storage: `jobmanager`, `filesystem` or a registered name.",
+           ("execution.checkpointing.storage",), described=True),
+    Option("state.checkpoints.dir", parse_str, "(none)",
+           "Checkpoint directory: a path or fsspec URL (`s3://...`).",
+           ("execution.checkpointing.dir",), described=True),
+    Option("state.savepoints.dir", parse_str, "(none)", "Default savepoint directory.",
+           ("execution.checkpointing.savepoint-dir",), described=True),
+    Option("state.backend.incremental", parse_bool, "false", "Incremental checkpoints.",
+           ("execution.checkpointing.incremental",)),
+    Option("state.backend.async", parse_bool, "true", "Asynchronous snapshots.",
+           ("execution.checkpointing.async",)),
+    Option("state.checkpoints.num-retained", _POS_INT, "1", "Completed checkpoints retained.",
+           ("execution.checkpointing.num-retained",)),
+    Option("state.storage.fs.memory-threshold", at_least(parse_size, 0, 1 << 20), "20 kb",
+           "State chunks below this size are inlined into `_metadata` (at most 1 mb).",
+           ("state.backend.fs.memory-threshold", "execution.checkpointing.data-inline-threshold")),
+    Option("state.storage.fs.write-buffer-size", at_least(parse_size, 0), "4096",
+           "Write buffer of checkpoint streams.",
+           ("state.backend.fs.write-buffer-size", "execution.checkpointing.write-buffer-size")),
+    Option("state.checkpoint-storage.jobmanager.max-state-size", _POS_SIZE, "5 mb",
+           "JobManager storage: the largest state a checkpoint may hold, per state."),
+    Option("state.backend.max-key-size", _POS_SIZE, "(unlimited)", "Largest serialized key.", described=True),
+    Option("state.backend.max-value-size", _POS_SIZE, "(unlimited)",
+           "Largest serialized value (list element, map entry).", described=True),
+    # --- checkpointing --------------------------------------------------------------------------
+    Option("execution.checkpointing.interval", _NONNEG_DUR, "(disabled)",
+           "Checkpoint interval of the local runner (Spark adapters checkpoint every batch).",
+           described=True),
+    Option("execution.checkpointing.mode", _choice("EXACTLY_ONCE", "AT_LEAST_ONCE"),
+           "EXACTLY_ONCE", "Checkpointing mode."),
+    Option("execution.checkpointing.timeout", _POS_DUR, "10 min",
+           "A checkpoint running longer is aborted."),
+    Option("execution.checkpointing.min-pause", _NONNEG_DUR, "0 ms",
+           "Minimum pause between the end of one checkpoint and the start of the next."),
+    Option("execution.checkpointing.max-concurrent-checkpoints", _POS_INT, "1",
+           "Checkpoints that may run at once."),
+    Option("execution.checkpointing.tolerable-failed-checkpoints", _NONNEG_INT, "0",
+           "Consecutive failed checkpoints tolerated before the job fails."),
+    Option("execution.checkpointing.externalized-checkpoint-retention",
+           _choice("DELETE_ON_CANCELLATION", "RETAIN_ON_CANCELLATION", "NO_EXTERNALIZED_CHECKPOINTS"),
+           "NO_EXTERNALIZED_CHECKPOINTS", "Whether checkpoints outlive a cancelled job.",
+           ("execution.checkpointing.externalized-checkpoint-cleanup",)),
+    Option("execution.checkpointing.prefer-checkpoint-for-recovery", parse_bool, "false",
+           "Recover from the newest checkpoint even when a newer savepoint exists."),
+    Option("execution.checkpointing.unaligned", parse_bool, "false",
+           "Accepted for compatibility; one source makes alignment trivial.",
+           ("execution.checkpointing.unaligned.enabled",)),
+    Option("execution.checkpointing.recover-from-older-on-corruption", parse_bool, "false",
+           "When the newest checkpoint is damaged, restore the newest intact older one."),
+    Option("execution.savepoint.path", parse_str, "(none)",
+           "Restore from this checkpoint or savepoint.", ("execution.state-recovery.path",), described=True),
+    Option("execution.state-recovery.allow-missing-state", parse_bool, "false",
+           "Spark: start from empty state when a query resumed past its first batch finds no "
+           "statekit state (otherwise that is an error)."),
+    # --- parallelism and restarts ---------------------------------------------------------------
+    Option("parallelism.default", _POS_INT, "number of CPUs", "Partitions of the local runner.",
+           described=True),
+    Option("pipeline.max-parallelism", at_least(parse_int, 1, 32768), "128",
+           "Key groups: the most partitions state can ever be split into."),
+    Option("restart-strategy.type", _choice("none", "off", "disable", "fixed-delay", "fixeddelay",
+                                            "failure-rate", "failurerate"),
+           "none, or fixed-delay with checkpointing", "Restart strategy of the local runner.",
+           ("restart-strategy",), described=True),
+    Option("restart-strategy.fixed-delay.attempts", _NONNEG_INT, "1", "Restart attempts."),
+    Option("restart-strategy.fixed-delay.delay", _NONNEG_DUR, "1 s", "Delay between restarts."),
+    Option("restart-strategy.failure-rate.max-failures-per-interval", _POS_INT, "1",
+           "Failures tolerated per interval."),
+    Option("restart-strategy.failure-rate.failure-rate-interval", _POS_DUR, "1 min",
+           "The failure-rate interval."),
+    Option("restart-strategy.failure-rate.delay", _NONNEG_DUR, "1 s", "Delay between restarts."),
+    # --- RocksDB ----------------------------------------------------------------------------------
+    Option("state.backend.rocksdb.localdir", parse_str, "<temp dir>/statekit-rocksdb",
+           "Working directories of RocksDB instances (comma-separated for several).", described=True),
+    Option("state.backend.rocksdb.predefined-options",
+           _choice("DEFAULT", "SPINNING_DISK_OPTIMIZED", "SPINNING_DISK_OPTIMIZED_HIGH_MEM",
+                   "FLASH_SSD_OPTIMIZED"), "DEFAULT", "RocksDB option profile."),
+    Option("state.backend.rocksdb.options-factory", parse_str, "(none)",
+           "Dotted path of a RocksDBOptionsFactory.", described=True),
+    Option("state.backend.rocksdb.checkpoint.transfer.thread.num", _POS_INT, "1",
+           "Threads uploading and downloading RocksDB files."),
+    Option("state.backend.rocksdb.ttl.compaction.filter.enabled", parse_bool, "true",
+           "Drop expired TTL entries during checkpoints (compaction-filter stand-in)."),
+    # --- heap ---------------------------------------------------------------------------------------
+    Option("state.backend.heap.incremental", parse_bool, "false",
+           "Incremental (changelog) heap checkpoints."),
+    Option("state.backend.heap.snapshot-mode", _choice("thread", "fork"), "thread",
+           "How asynchronous heap snapshots are written."),
+    Option("state.backend.heap.snapshot-pace", at_least(parse_float, 0), "1.0",
+           "Seconds the snapshot thread yields per second of work while processing runs."),
+    Option("state.backend.heap.materialization-interval", _POS_INT, "10",
+           "Incremental heap checkpoints: a full base every this many checkpoints."),
+    Option("state.backend.heap.max-log-ratio", at_least(parse_float, 1e-9), "0.5",
+           "Incremental heap checkpoints: a new base once the log exceeds this share of it."),
+    Option("state.backend.heap.transfer.thread.num", _POS_INT, "1",
+           "Threads writing heap snapshots."),
+    # --- object stores ----------------------------------------------------------------------------
+    Option("state.storage.fs.retries", _NONNEG_INT, "4", "Retries of a failed store operation."),
+    Option("state.storage.fs.retry-backoff", _NONNEG_DUR, "100 ms", "First retry delay."),
+    Option("state.storage.fs.retry-max-backoff", _NONNEG_DUR, "5 s", "Longest retry delay."),
+    Option("state.storage.fs.multipart-threshold", _POS_SIZE, "16 mb",
+           "Object stores: files larger than this upload in parts."),
+    Option("s3.endpoint", parse_str, "(AWS)", "S3 endpoint URL.", described=True),
+    Option("s3.access-key", parse_str, "(AWS credentials chain)", "S3 access key.", described=True),
+    Option("s3.secret-key", parse_str, "(AWS credentials chain)", "S3 secret key.", described=True),
+    Option("s3.path.style.access", parse_bool, "false", "Path-style S3 addressing."),
+    # --- Spark adapters ---------------------------------------------------------------------------
+    Option("state.partition.versions-retained", at_least(parse_int, 2), "10",
+           "Spark: versions (batches) of each partition's state kept."),
+    Option("state.changelog.materialize-every-batches", _POS_INT, "5",
+           "applyInPandasWithState: snapshot a partition every this many batches."),
+    Option("state.changelog.materialize-after-calls", _POS_INT, "1000",
+           "applyInPandasWithState: also snapshot within a task after this many key calls."),
+)
+
+#: canonical key -> option
+BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
+#: canonical key -> aliases (older Flink 1.x names and Flink 2 names)
+KEYS: dict[str, tuple[str, ...]] = {o.key: o.aliases for o in OPTIONS}
+_ALIASES = {alias: key for key, aliases in KEYS.items() for alias in aliases}
+
+#: key prefixes that belong to statekit: a key under one of them that statekit does not know is
+#: a mistake (a typo would otherwise be ignored), while other keys are the job's own parameters
+NAMESPACES = ("state.", "execution.checkpointing.", "execution.savepoint.",
+              "execution.state-recovery.", "restart-strategy", "s3.", "pipeline.max-parallelism",
+              "parallelism.default")
+
+
+def canonical(key: str) -> str:
+    """The canonical name of a key or alias (unknown keys pass through unchanged)."""
+    return _ALIASES.get(key, key)
+
+
+def env_name(key: str) -> str:
+    """The environment variable that sets ``key``."""
+    return ENV_PREFIX + re.sub(r"[.\-]", "_", key).upper()
+
+
+_ENV_NAMES = {env_name(k): canonical(k) for k in (*KEYS, *_ALIASES)}
+_ENV_NAMESPACES = tuple(env_name(n).rstrip("_") for n in NAMESPACES)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Keys set through ``STATEKIT_*`` environment variables.
+
+    A variable in a statekit namespace (``STATEKIT_STATE_...``, ``STATEKIT_EXECUTION_...``, ...)
+    that names no known key raises :class:`ConfigError` with the nearest known variable.
+    """
+    environ = os.environ if environ is None else environ
+    found: dict[str, str] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = _ENV_NAMES.get(name)
+        if key is not None:
+            found[key] = value
+        elif name.startswith(_ENV_NAMESPACES):
+            raise ConfigError(name, "unknown statekit environment variable"
+                              + _hint(name, _ENV_NAMES))
+    return found
+
+
+def normalize(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``config`` with every alias replaced by its canonical key."""
+    out: dict[str, Any] = {}
+    for key, value in (config or {}).items():
+        out[canonical(str(key))] = value
+    return out
+
+
+def read(config: Mapping[str, Any], key: str) -> Any:
+    """The value of the canonical ``key`` in ``config``, parsed by its option, else its default."""
+    return BY_KEY[key].read(config)
+
+
+def default(key: str) -> Any:
+    """The value in effect when the canonical ``key`` is not set (None: it depends)."""
+    return BY_KEY[key].default_value
+
+
+def in_namespace(key: str) -> bool:
+    """Whether ``key`` lies in one of statekit's namespaces."""
+    return key.startswith(NAMESPACES)
+
+
+def _hint(key: str, known: Iterable[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+def validate(config: Mapping[str, Any], *, all_keys_are_statekit: bool = False,
+             prefix: str = "") -> dict[str, Any]:
+    """Check every key of ``config`` (already normalized) and parse every known one.
+
+    Unknown keys in statekit's namespaces (every key, with ``all_keys_are_statekit``, as under
+    Spark's ``spark.statekit.``) raise :class:`ConfigError` naming the nearest known key;
+    malformed or out-of-range values raise it naming the key.  ``prefix`` is how the user wrote
+    the keys (e.g. ``spark.statekit.``), for the messages.  Returns ``config`` unchanged.
+    """
+    for key, value in config.items():
+        option = BY_KEY.get(key)
+        if option is None:
+            if all_keys_are_statekit or in_namespace(key):
+                raise ConfigError(prefix + key, "unknown statekit configuration key"
+                                  + _hint(key, [*BY_KEY, *_ALIASES], prefix))
+            continue
+        if value is None:
+            continue
+        try:
+            option.parse(key, value)
+        except ConfigError as exc:
+            if prefix:
+                raise ConfigError(prefix + key, str(exc).split(": ", 1)[-1]) from None
+            raise
+    return dict(config)
+
+
+def reference_markdown() -> str:
+    """The configuration reference (``docs/configuration.md``), generated from :data:`OPTIONS`."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Every key statekit reads, generated from the code.",
+        "A key is given as written here (its Flink name; Flink 1.x and 2 aliases are accepted) in",
+        "the dict passed to `StreamExecutionEnvironment.get_execution_environment` or",
+        "`env.configure`, on Spark as `spark.statekit.<key>` (Spark conf, or the adapters'",
+        "`conf=`), or as an environment variable. Malformed values, and unknown keys in",
+        "statekit's namespaces, raise `statekit.errors.ConfigError` naming the key.",
+        "",
+        "| key | default | aliases | environment variable | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for option in OPTIONS:
+        aliases = ", ".join(f"`{a}`" for a in option.aliases) or ""
+        lines.append(f"| `{option.key}` | {option.default} | {aliases} | `{option.env_var}` | "
+                     f"{option.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+class Configurable:
+    """The configuration protocol of every plugin (state backend, checkpoint storage).
+
+    The registry builds a plugin from flat keys with :meth:`from_config`; :meth:`configure`
+    returns a copy with the keys applied, never changing the object it is called on, and a
+    setting made in code wins over a key (see :class:`Setting`).
+    """
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Self:
+        """The plugin built from flat keys: by default the constructor's defaults, then
+        :meth:`configure`; a plugin whose constructor needs arguments (a directory, say)
+        overrides this to take them from ``config``."""
+        return cls().configure(dict(config))
+
+    def configure(self, config: dict[str, Any]) -> Self:
+        """A copy with the flat keys this plugin understands applied (override to read some)."""
+        return copy.copy(self)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a plugin (backend or storage) that flat keys may give.
+
+    ``keys`` are tried in order and the first one set applies; ``parse`` defaults to the
+    parser of the key's option.  ``given`` names the attribute that is None while the setting
+    was not made in code (default: ``attribute`` itself): a setting made in code wins.
+    """
+
+    attribute: str
+    keys: tuple[str, ...]
+    parse: Callable[[str, Any], Any] | None = None
+    given: str | None = None
+
+    def value(self, config: Mapping[str, Any]) -> tuple[bool, Any]:
+        """``(True, parsed value)`` of the first key set in ``config``, else ``(False, None)``."""
+        for key in self.keys:
+            if config.get(key) is not None:
+                parse = self.parse or BY_KEY[canonical(key)].parse
+                return True, parse(key, config[key])
+        return False, None
+
+
+def apply_settings(settings: Iterable[Setting], source: Any, target: Any,
+                   config: Mapping[str, Any]) -> None:
+    """Set each setting of ``target`` that ``source`` leaves open from ``config``.
+
+    ``target`` is usually a copy of ``source``: ``configure()`` returns a configured copy and
+    leaves the object it was called on as it was.
+    """
+    for setting in settings:
+        if getattr(source, setting.given or setting.attribute) is not None:
+            continue
+        found, value = setting.value(config)
+        if found:
+            setattr(target, setting.attribute, value)

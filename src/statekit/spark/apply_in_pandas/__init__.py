@@ -1,0 +1,112 @@
+"""The ``applyInPandasWithState`` adapter: exactly-once without an end-of-partition hook.
+
+Spark calls the function once per key and commits each key's ``GroupState`` atomically with the
+micro-batch, but tells Python nothing when a task ends, so there is no moment to commit a
+partition's state.  Instead each key carries its recent changes in its ``GroupState``
+(:mod:`~statekit.spark.apply_in_pandas.partition`: the per-key call), and the partition's state is
+snapshotted now and then along one chain of snapshots that no discarded attempt's changes reach
+(:mod:`~statekit.spark.apply_in_pandas.lineage`); a key's carried log is cut only up to what a
+trusted snapshot holds.  This module is the adapter that wires both into a streaming query.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from statekit import config as cfg
+from statekit.errors import ConfigError
+from statekit.serde.types import packb, unpackb
+from statekit.spark.adapters import build_spec
+from statekit.spark.apply_in_pandas.lineage import (
+    DEFAULT_MATERIALIZE_EVERY,
+    DEFAULT_MID_TASK_CALLS,
+    MATERIALIZE_KEY,
+    MID_TASK_KEY,
+    Lineage,
+    Marker,
+    PartitionLineage,
+    PendingSnapshot,
+    SnapshotId,
+)
+from statekit.spark.apply_in_pandas.partition import APPLIED, PartitionRuntime
+from statekit.spark.task import AdapterSpec, TaskInfo
+
+STATE_SCHEMA = "seq long, tseq long, tatt string, log binary"
+
+_RUNTIMES: dict[tuple[str, str, int], PartitionRuntime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
+             timeout_conf: str, mid_task_calls: int) -> PartitionRuntime:
+    """This process's runtime of the task's partition (kept across tasks), begun for the task."""
+    slot = (info.query_id, spec.operator_id, info.partition)
+    with _RUNTIMES_LOCK:
+        runtime = _RUNTIMES.get(slot)
+        if runtime is None:
+            runtime = _RUNTIMES[slot] = PartitionRuntime(spec, info.query_id, info.partition,
+                                                         materialize_every, timeout_conf,
+                                                         mid_task_calls)
+    runtime.begin_task(info)
+    return runtime
+
+
+@functools.cache
+def _quiet_padding_warning() -> None:
+    """PySpark's applyInPandasWithState worker pads its output with all-NA rows and concatenates
+    them (pandas 2.x warns about that, every batch); statekit's calls trigger exactly that
+    warning in this worker process, so exactly that warning is ignored here (once per process)."""
+    warnings.filterwarnings(
+        "ignore", message="The behavior of DataFrame concatenation with empty or all-NA entries",
+        category=FutureWarning, module="pyspark.worker")
+
+
+def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: Any, *,
+                               output_mode: str = "update", timeout_conf: str = "NoTimeout",
+                               operator_id: str | None = None,
+                               conf: Mapping[str, Any] | None = None) -> Any:
+    """Run ``function`` per key over ``applyInPandasWithState``; a streaming DataFrame.
+
+    The function is the same :class:`~statekit.KeyedProcessFunction` (or vectorized function)
+    the other adapters run; its state lives in the backend chosen by ``spark.statekit.*`` conf.
+    """
+    spark = grouped_df._df.sparkSession
+    spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
+    every = cfg.read(spec.conf, MATERIALIZE_KEY)
+    mid_task = cfg.read(spec.conf, MID_TASK_KEY)
+    timeout = str(getattr(timeout_conf, "value", timeout_conf))
+    if timeout not in ("NoTimeout", "ProcessingTimeTimeout", "EventTimeTimeout"):
+        raise ConfigError("timeout_conf", f"unknown GroupStateTimeout {timeout_conf!r}")
+
+    def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
+        _quiet_padding_warning()
+        runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task)
+        k = key[0] if len(key) == 1 else tuple(key)
+        yield from runtime.call(k, frames, group_state)
+
+    return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)
+
+
+__all__ = [
+    "APPLIED",
+    "DEFAULT_MATERIALIZE_EVERY",
+    "DEFAULT_MID_TASK_CALLS",
+    "MATERIALIZE_KEY",
+    "MID_TASK_KEY",
+    "STATE_SCHEMA",
+    "AdapterSpec",
+    "Lineage",
+    "Marker",
+    "PartitionLineage",
+    "PartitionRuntime",
+    "PendingSnapshot",
+    "SnapshotId",
+    "TaskInfo",
+    "apply_in_pandas_with_state",
+    "packb",
+    "unpackb",
+]
