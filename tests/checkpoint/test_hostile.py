@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import decimal
 import glob
+import os
 import struct
 import time
 import zlib
@@ -182,3 +183,48 @@ def test_restart_falls_back_past_metadata_of_the_wrong_type(tmp_path):
     # the state is exact; outputs of the skipped checkpoint's interval were released when it
     # completed and come again after the older one (as in Flink): the same pairs, no others
     assert set(result) == {(f"k{k}", n) for k in range(5) for n in range(1, 41)}
+
+
+def test_a_part_length_past_the_real_file_allocates_nothing(copy):
+    """Finding 3: a part length of 256 MiB (and a matching recorded size) against a file of a few
+    hundred bytes: the reader allocated buffers of the declared length before reading (1 GB RSS,
+    an untyped MemoryError at 1.5 GiB); the real size is now checked first."""
+    writer, where = copy
+    if writer != "hashmap":
+        pytest.skip("parts indexes are the heap format's")
+
+    def forge(body):
+        state = body["tasks"]["p0"]["states"]["anything"]
+        state["data"]["size"] = 256 << 20
+        state["parts"][-1][1] = (256 << 20) - state["parts"][-1][0]
+
+    rewrite_metadata(f"{where}/chk-2/_metadata", forge)
+    out = run_isolated(f"""
+        import resource, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from tests.checkpoint.forge import restore_and_read
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            restore_and_read("hashmap", {where + "/chk-2"!r})
+        except Exception as exc:
+            print(type(exc).__name__, isinstance(exc, __import__("statekit").errors.CorruptCheckpointError))
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+        """)
+    name, typed, grown = out.split()
+    assert typed == "True", name
+    assert int(grown) < 64, f"RSS grew by {grown} MiB"
+
+
+def test_a_huge_decimal_offset_fails_the_job_start_at_once(copy, tmp_path):
+    """Finding 2, through the local runner: ``source.offset`` = Decimal 1e999999999 (11 bytes of
+    msgpack) in the checkpoint a job starts from reached ``int()`` and ran for minutes."""
+    _, where = copy
+    rewrite_metadata(f"{where}/chk-2/_metadata", _set(("source", "offset"), HUGE))
+    env = StreamExecutionEnvironment.get_execution_environment({
+        "execution.savepoint.path": f"{where}/chk-2", "state.checkpoints.dir": str(tmp_path / "new"),
+        "state.checkpoint-storage": "filesystem"})
+    stream = env.from_collection([("a", 1)]).key_by(lambda v: v[0])
+    start = time.monotonic()
+    with pytest.raises(CorruptCheckpointError, match=r"source\.offset"):
+        stream.process(_FailOnce(str(tmp_path), -1)).execute_and_collect()
+    assert time.monotonic() - start < 10

@@ -33,6 +33,7 @@ METADATA = "_metadata"
 CHK_NAME = re.compile(r"chk-(0|[1-9][0-9]{0,18})")
 CHK_PATTERN = re.compile(rf"^{CHK_NAME.pattern}/")
 ATTEMPTS_PREFIX = "attempts/"
+_ATTEMPT_BATCH = re.compile(r"b([0-9]{1,19})/")
 JOBMANAGER_SCHEME = "jobmanager://"
 
 
@@ -174,7 +175,8 @@ class CheckpointStorageAccess:
     def retire_attempts(self, before_batch: int) -> None:
         """Delete the attempt markers of every batch before ``before_batch``."""
         for key in self.store.list(ATTEMPTS_PREFIX):
-            if int(key[len(ATTEMPTS_PREFIX):].split("/", 1)[0][1:]) < before_batch:
+            batch = _ATTEMPT_BATCH.match(key[len(ATTEMPTS_PREFIX):])  # others were not written here
+            if batch is not None and int(batch.group(1)) < before_batch:
                 self.store.delete(key)
 
     def delete_all(self) -> None:
