@@ -22,6 +22,10 @@ class ConfigError(StatekitError, ValueError):
         super().__init__(f"{key}: {message}")
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A setting was given a value of the wrong type (e.g. a string where a duration belongs)."""
+
+
 class UnknownPluginError(ConfigError):
     """A backend or checkpoint-storage name is neither built in, registered, nor importable."""
 
