@@ -16,8 +16,9 @@ from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.metadata import encode_metadata
 from statekit.checkpoint.savepoint import open_external
+from statekit.checkpoint.schema import recorded_key_groups
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
-from statekit.serde.keygroups import KeyGroupRange, key_group_range_for_operator
+from statekit.serde.keygroups import key_group_range_for_operator
 from statekit.serde.msgpack import unpackb
 from statekit.serde.types import GenericSerializer, Types
 from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
@@ -97,7 +98,7 @@ def restore(kind: str, path: str, parallelism: int = 2) -> list[KeyedStateBacken
                 key_serializer=GenericSerializer(), key_group_range=rng, max_parallelism=MAXP)
             partitions.append(backend)
             handles = [h for h in metadata.get("tasks", {}).values()
-                       if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))]
+                       if len(recorded_key_groups(h).intersection(rng))]
             restore_into(backend, [(h, reader) for h in handles])
     except BaseException:
         for backend in partitions:

@@ -100,11 +100,14 @@ def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool =
     if "encoding" in entry:
         if not plain or entry["encoding"] != "plain":
             raise schema.fail(f"{path}.encoding", f"unexpected encoding {entry['encoding']!r}")
-        schema.locations(entry.get("parts"), f"{path}.parts", size)
+        schema.tiling(schema.locations(entry.get("parts"), f"{path}.parts", size),
+                      f"{path}.parts", size)
         return
-    for kg, loc in schema.mapping(entry.get("index"), f"{path}.index").items():
+    index = schema.mapping(entry.get("index"), f"{path}.index")
+    for kg, loc in index.items():
         schema.integer(kg, f"{path}.index", recorded.start, recorded.end)
         schema.location(loc, f"{path}.index[{kg}]", size)
+    schema.tiling(sorted(index.values()), f"{path}.index", size)
 
 
 def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:

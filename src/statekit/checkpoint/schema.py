@@ -111,6 +111,18 @@ def locations(value: Any, path: str, size: int) -> list[list[int]]:
     return value
 
 
+def tiling(value: list[list[int]], path: str, size: int) -> None:
+    """Check that the ``[offset, length, crc]`` triples (in ascending order) cover all ``size``
+    bytes without a gap: a part left out of the index would be state silently dropped."""
+    end = 0
+    for offset, length, _ in value:
+        if offset != end:
+            raise fail(path, f"a gap at byte {end}: the parts do not cover the file")
+        end = offset + length
+    if end != size:
+        raise fail(path, f"the parts cover {end} of the file's {size} bytes")
+
+
 def location(value: Any, path: str, size: int) -> list[int]:
     """One ``[offset, length, crc]`` inside ``size`` bytes."""
     return locations([value], path, size)[0]
@@ -125,6 +137,18 @@ def register_format(fmt: str, check: FormatCheck) -> None:
     """Have the schema pass check task handles of format ``fmt`` with ``check`` (which raises
     :class:`CorruptCheckpointError`; the helpers of this module do)."""
     _FORMATS[fmt] = check
+
+
+def recorded_key_groups(task: Any, path: str = "task handle") -> KeyGroupRange:
+    """The key groups a task handle records, for choosing the handles a partition restores; a
+    handle without a valid range (the schema pass lets handles of unknown formats through) is
+    corrupt rather than a ``KeyError``."""
+    bounds = mapping(task, path).get("key_group_range")
+    if type(bounds) is not list or len(bounds) != 2:
+        raise fail(f"{path}.key_group_range", "expected [first, last]")
+    start = integer(bounds[0], f"{path}.key_group_range", 0, UPPER_BOUND_MAX_PARALLELISM - 1)
+    return KeyGroupRange(start, integer(bounds[1], f"{path}.key_group_range", start,
+                                        UPPER_BOUND_MAX_PARALLELISM - 1))
 
 
 def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
+from statekit.checkpoint.schema import recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import KeyedProcessFunction, open_function
@@ -219,7 +220,7 @@ class LocalJob:
             if restore is not None:
                 handles = [
                     h for h in restore.metadata.get("tasks", {}).values()
-                    if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))
+                    if len(recorded_key_groups(h).intersection(rng))
                 ]
                 # any backend's checkpoint restores into any backend (the one config flag)
                 restore_into(backend, [(h, restore.reader) for h in handles])

@@ -52,6 +52,10 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
             if not name or "/" in name or name.startswith(".") or "\x00" in name:
                 raise schema.fail(f"{path}.{group}", f"unsafe file name {name!r}")
             schema.handle(handle, f"{path}.{group}.{name}")
+    misc = task.get("misc", {})
+    if "CURRENT" not in misc or not any(name.startswith("MANIFEST-") for name in misc):
+        # without them RocksDB opens an empty database: every state would be silently gone
+        raise schema.fail(f"{path}.misc", "a RocksDB checkpoint needs its CURRENT and MANIFEST files")
     if "incremental" in task:
         schema.boolean(task["incremental"], f"{path}.incremental")
     if "reused_sst" in task:

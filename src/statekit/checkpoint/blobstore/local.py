@@ -313,8 +313,8 @@ def _pread_full(fd: int, start: int, length: int, buffer: memoryview | None = No
                 ) -> bytes | memoryview:
     """``length`` bytes at ``start`` (fewer only at the end of the file), read into ``buffer``
     (and its filled part returned) when one is given."""
-    if buffer is None:
-        buffer = memoryview(bytearray(length))
+    if buffer is None:  # sized by what the file holds, never by an untrusted length alone
+        buffer = memoryview(bytearray(max(0, min(length, os.fstat(fd).st_size - start))))
     got = 0
     while got < length and (n := os.preadv(fd, [buffer[got:length]], start + got)):
         got += n
