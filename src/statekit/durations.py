@@ -7,35 +7,40 @@ ground floor where every layer can reach them.
 from __future__ import annotations
 
 import datetime as _dt
+import math
+from typing import Any
+
+from statekit.errors import ConfigError, ConfigTypeError
+
+#: the longest duration in milliseconds (a signed 64-bit value, as Flink's)
+_MAX_MS = (1 << 63) - 1
 
 
 class Time:
     """A duration in milliseconds, built like PyFlink's ``Time.seconds(10)``."""
 
     def __init__(self, milliseconds: int) -> None:
-        if milliseconds < 0:
-            raise ValueError("a duration cannot be negative")
-        self._ms = int(milliseconds)
+        self._ms = to_millis(milliseconds, "Time", minimum=0)
 
     @staticmethod
     def milliseconds(n: float) -> Time:
-        return Time(int(n))
+        return Time(_finite(n, 'Time'))
 
     @staticmethod
     def seconds(n: float) -> Time:
-        return Time(int(n * 1000))
+        return Time(_finite(n, 'Time') * 1000)
 
     @staticmethod
     def minutes(n: float) -> Time:
-        return Time(int(n * 60_000))
+        return Time(_finite(n, 'Time') * 60_000)
 
     @staticmethod
     def hours(n: float) -> Time:
-        return Time(int(n * 3_600_000))
+        return Time(_finite(n, 'Time') * 3_600_000)
 
     @staticmethod
     def days(n: float) -> Time:
-        return Time(int(n * 86_400_000))
+        return Time(_finite(n, 'Time') * 86_400_000)
 
     def to_milliseconds(self) -> int:
         return self._ms
@@ -50,15 +55,27 @@ class Time:
         return f"Time.milliseconds({self._ms})"
 
 
-def to_millis(duration: Time | _dt.timedelta | int | float) -> int:
-    """Milliseconds of a ``Time``, ``timedelta`` or number of milliseconds."""
+def _finite(n: Any, key: str) -> float:
+    """``n`` as a finite number; a :class:`ConfigError` for NaN, infinities and non-numbers."""
+    if isinstance(n, bool) or not isinstance(n, int | float):
+        raise ConfigTypeError(key, f"expected a number, got {type(n).__name__}")
+    if not math.isfinite(n):
+        raise ConfigError(key, f"expected a finite duration, got {n!r}")
+    return n
+
+
+def to_millis(duration: Time | _dt.timedelta | int | float, key: str = "duration", *,
+              minimum: int = -_MAX_MS) -> int:
+    """Milliseconds of a ``Time``, ``timedelta`` or number of milliseconds; a
+    :class:`ConfigError` naming ``key`` for NaN, infinities, values past a signed 64-bit number
+    of milliseconds or below ``minimum``, and a :class:`ConfigTypeError` for non-durations."""
     if isinstance(duration, Time):
-        return duration.to_milliseconds()
-    if isinstance(duration, _dt.timedelta):
-        return int(duration.total_seconds() * 1000)
-    if isinstance(duration, int | float) and not isinstance(duration, bool):
-        return int(duration)
-    to_ms = getattr(duration, "to_milliseconds", None)  # pyflink.common.Duration and friends
-    if callable(to_ms):
-        return int(to_ms())
-    raise TypeError(f"expected a duration, got {type(duration).__name__}")
+        ms: float = duration.to_milliseconds()
+    elif isinstance(duration, _dt.timedelta):
+        ms = duration.total_seconds() * 1000
+    else:
+        to_ms = getattr(duration, "to_milliseconds", None)  # pyflink.common.Duration and friends
+        ms = _finite(to_ms() if callable(to_ms) else duration, key)
+    if not minimum <= ms <= _MAX_MS:
+        raise ConfigError(key, f"{duration!r} is outside {minimum}..{_MAX_MS} ms")
+    return int(ms)

@@ -22,6 +22,10 @@ class ConfigError(StatekitError, ValueError):
         super().__init__(f"{key}: {message}")
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A setting was given a value of the wrong type (e.g. a string where a duration belongs)."""
+
+
 class UnknownPluginError(ConfigError):
     """A backend or checkpoint-storage name is neither built in, registered, nor importable."""
 
@@ -52,6 +56,10 @@ class StateTypeError(StateError, TypeError):
 
 class StateNameClashError(StateError, ValueError):
     """Two descriptors of different kinds or types were registered under one state name."""
+
+
+class InvalidStateNameError(StateError, ValueError):
+    """A state name no backend can hold (empty, a NUL character, not encodable as UTF-8, too long)."""
 
 
 class StateSizeError(StateError, ValueError):

@@ -26,20 +26,32 @@ _SIZE_UNITS = {
 }
 
 
+#: the largest magnitude of an integer setting (sizes, durations in ms, counts): a signed 64-bit
+#: value, as Flink's; larger values were accepted and overflowed where they met native code
+MAX_INT = (1 << 63) - 1
+
+
+def bounded(key: str, number: int) -> int:
+    """``number`` when its magnitude fits :data:`MAX_INT`, else a :class:`ConfigError`."""
+    if not -MAX_INT <= number <= MAX_INT:
+        raise ConfigError(key, f"{number} is out of range (at most {MAX_INT})")
+    return number
+
+
 def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(key, f"expected a {what}, got {value!r}")
     if isinstance(value, int):
-        return value
+        return bounded(key, value)
     if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ConfigError(key, f"expected a finite {what}, got {value!r}")
+        if not math.isfinite(value) or abs(value) > MAX_INT:
+            raise ConfigError(key, f"expected a finite {what} in range, got {value!r}")
         return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    match = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", str(value))
     if not match or match.group(2).lower() not in ({""} | set(units)):
         raise ConfigError(key, f"expected a {what} such as '10 s' or '20 kb', got {value!r}")
     factor = units.get(match.group(2).lower(), 1)
-    return int(float(match.group(1)) * factor)
+    return bounded(key, int(float(match.group(1)) * factor))
 
 
 def parse_duration_ms(key: str, value: Any) -> int:
@@ -63,7 +75,16 @@ def _parse_number(key: str, value: Any, convert: Callable[[str], Any], what: str
 
 
 def parse_int(key: str, value: Any) -> int:
-    return int(_parse_number(key, value, int, "an integer"))
+    """An integer (an integral finite float too, as ``int()`` took it), within :data:`MAX_INT`."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return bounded(key, int(_parse_number(key, value, int, "an integer")))
+
+
+def checked_int(key: str, value: Any, minimum: int, maximum: int = MAX_INT) -> int:
+    """An integer argument of the programmatic API, checked as its flat key ``key`` is: a
+    :class:`ConfigError` for NaN, infinities, non-numbers and values outside the range."""
+    return int(at_least(parse_int, minimum, maximum)(key, value))
 
 
 def parse_float(key: str, value: Any) -> float:

@@ -92,10 +92,11 @@ class TestRemoteBlobStore(BlobStoreConformance):
                                f"job-{uuid.uuid4().hex}")
 
     def set_raw(self, store, key, data):
-        self.server.store.put(f"{store.namespace}/{key}", data)
+        self.server.store.put(self.server.raw_key(store.secret, f"{store.namespace}/{key}"), data)
 
     def get_raw(self, store, key):
-        return self.server.store._blobs.get(f"{store.namespace}/{key}")
+        return self.server.store._blobs.get(self.server.raw_key(store.secret,
+                                                                f"{store.namespace}/{key}"))
 
 
 # --- choosing the store for a URL ------------------------------------------------------------------

@@ -339,9 +339,8 @@ def test_paths_outside_the_job_directory_are_rejected(retained_nos3, bad):
     rewrite_metadata(access, ids[-1], body)
     with pytest.raises(UnsafePathError):
         access.verify(ids[-1])
-    with pytest.raises(JobExecutionError) as info:
+    with pytest.raises(UnsafePathError):  # the schema pass refuses it when the job opens it
         restore_job(url, options, access.checkpoint_path(ids[-1]))
-    assert isinstance(info.value.__cause__, UnsafePathError)
     assert access.latest_valid()[0] == ids[-2]
 
 

@@ -170,7 +170,7 @@ def test_local_get_file_links_only_when_allowed(tmp_path):
 def test_local_get_file_link_falls_back_to_copy(tmp_path, monkeypatch):
     import errno
 
-    def no_link(*args):
+    def no_link(*args, **kwargs):
         raise OSError(errno.EXDEV, "cross-device link")
 
     store = FsspecBlobStore(str(tmp_path / "root"))

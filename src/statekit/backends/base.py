@@ -33,6 +33,7 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
 from statekit.config import Configurable
 from statekit.errors import NoKeyContextError, PickleNotAllowedError, StateNameClashError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
+from statekit.serde.keys import as_key_serializer
 from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
 from statekit.state.api import State, ValueBackedAggregatingState, ValueBackedReducingState
 from statekit.state.descriptors import (
@@ -40,6 +41,7 @@ from statekit.state.descriptors import (
     ReducingStateDescriptor,
     StateDescriptor,
     StateKind,
+    check_state_name,
 )
 from statekit.state.limits import DEFAULT_MAX_SIZE, limit_state
 from statekit.state.ttl import TtlListState, TtlMapState, TtlPolicy, TtlSerializer, TtlValueState
@@ -148,7 +150,8 @@ class KeyedStateBackend(ABC):
         clock: Callable[[], int] | None = None,
         using_asynchronous_snapshots: bool = True,
     ) -> None:
-        self.key_serializer = key_serializer
+        # canonical key bytes: keys Python calls equal are one key on every backend
+        self.key_serializer = as_key_serializer(key_serializer)
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.clock = clock or wall_clock_ms
@@ -204,6 +207,7 @@ class KeyedStateBackend(ABC):
                     descriptor.name,
                 )
             return state
+        check_state_name(descriptor.name)
         self._check_restored_layout(descriptor)
         meta = self.state_meta(descriptor)
         raw = limit_state(self._create_state(meta), meta, self)

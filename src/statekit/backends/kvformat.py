@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from statekit.checkpoint import schema
 from statekit.checkpoint.checksum import part_locations
 from statekit.errors import CorruptCheckpointError, SerializationError
-from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes, key_groups_for_bytes
+from statekit.serde.keys import plain_key_bytes, plain_key_groups
 from statekit.serde.msgpack import packb, unpackb
 
 if TYPE_CHECKING:
@@ -80,6 +82,46 @@ def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:
     """The task handle of a ``KV_FORMAT`` snapshot."""
     return {**handle_header(backend, KV_FORMAT), "states": states}  # type: ignore[typeddict-item]
+
+
+# --- the schema pass over handles ------------------------------------------------------------------
+
+STATE_KINDS = ("value", "list", "map")
+
+
+def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
+    """Check one state entry of a handle (layout, kind, data, and its index or parts inside the
+    data's size); ``plain``: whether the plain encoding may occur here."""
+    entry = schema.mapping(entry, path)
+    schema.sequence(entry.get("layout"), f"{path}.layout")
+    if entry.get("kind") not in STATE_KINDS:
+        raise schema.fail(f"{path}.kind", f"expected one of {', '.join(STATE_KINDS)}")
+    size = schema.handle(entry.get("data"), f"{path}.data")
+    if "encoding" in entry:
+        if not plain or entry["encoding"] != "plain":
+            raise schema.fail(f"{path}.encoding", f"unexpected encoding {entry['encoding']!r}")
+        schema.tiling(schema.locations(entry.get("parts"), f"{path}.parts", size),
+                      f"{path}.parts", size)
+        return
+    index = schema.mapping(entry.get("index"), f"{path}.index")
+    for kg, loc in index.items():
+        schema.integer(kg, f"{path}.index", recorded.start, recorded.end)
+        schema.location(loc, f"{path}.index[{kg}]", size)
+    schema.tiling(sorted(index.values()), f"{path}.index", size)
+
+
+def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
+    """Check a map of state name to entry."""
+    for name, entry in schema.mapping(states, path).items():
+        check_entry(entry, f"{path}.{schema.state_name(name, path)}", recorded, plain=plain)
+
+
+def _check_kv_handle(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
+    check_states(task.get("states"), f"{path}.states", recorded)
+
+
+for _fmt in KV_FORMATS:
+    schema.register_format(_fmt, _check_kv_handle)
 
 
 # --- indexed entries -------------------------------------------------------------------------------
@@ -258,15 +300,37 @@ def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
         yield keys, values
 
 
-def plain_in_range(keys: list[Any], values: list[Any], key_group_range: KeyGroupRange,
-                   max_parallelism: int) -> tuple[list[Any], list[Any]]:
-    """The entries of a plain part whose keys fall into ``key_group_range`` (rescaling)."""
-    kept_k, kept_v = [], []
-    for key, value in zip(keys, values, strict=True):
-        if key_group_for_bytes(packb(key), max_parallelism) in key_group_range:
-            kept_k.append(key)
-            kept_v.append(value)
-    return kept_k, kept_v
+def plain_in_range(name: str, keys: list[Any], values: list[Any], recorded: KeyGroupRange,
+                   mine: KeyGroupRange, max_parallelism: int) -> tuple[list[Any], list[Any]]:
+    """The entries of a plain part whose keys fall into ``mine``, after checking that every key
+    lies in the range its snapshot ``recorded`` (CorruptCheckpointError otherwise: a handle
+    relabelled with another partition's range would restore keys no routing reaches)."""
+    try:
+        groups = plain_key_groups(keys, max_parallelism)
+    except SerializationError as exc:
+        raise CorruptCheckpointError(f"state '{name}': {exc}") from None
+    _check_groups(name, groups, recorded)
+    if mine.start <= recorded.start and recorded.end <= mine.end:
+        return keys, values
+    kept = ((groups >= mine.start) & (groups <= mine.end)).nonzero()[0].tolist()
+    return [keys[i] for i in kept], [values[i] for i in kept]
+
+
+def check_chunk_keys(name: str, key_group: int, keys: Any, max_parallelism: int) -> None:
+    """CorruptCheckpointError unless every serialized key of an indexed chunk belongs to the
+    chunk's key group."""
+    if not isinstance(keys, list) or not all(type(k) is bytes for k in keys):
+        raise CorruptCheckpointError(f"state '{name}' key group {key_group}: malformed chunk")
+    _check_groups(name, key_groups_for_bytes(keys, max_parallelism),
+                  KeyGroupRange(key_group, key_group))
+
+
+def _check_groups(name: str, groups: Any, recorded: KeyGroupRange) -> None:
+    if len(groups) and (int(groups.min()) < recorded.start or int(groups.max()) > recorded.end):
+        outside = next(int(g) for g in groups if int(g) not in recorded)
+        raise CorruptCheckpointError(
+            f"state '{name}': a key of key group {outside} lies outside the key groups "
+            f"{recorded.start}..{recorded.end} its snapshot records")
 
 
 # --- whole handles ---------------------------------------------------------------------------------
@@ -295,33 +359,36 @@ def read_kv_states(
 ) -> Iterator[tuple[str, dict[str, Any], int, list[bytes], list[bytes]]]:
     """Yield ``(state name, entry, key group, keys, values)``, serialized, for every entry inside
     the range (and, with ``key_filter``, whose plain key it accepts); plain entries are
-    serialized and grouped here (restoring into a bytes backend)."""
+    serialized and grouped here (restoring into a bytes backend).  Every key is checked against
+    the key groups its snapshot records."""
     for handle in handles:
-        check_kv_handle(handle, max_parallelism)
+        recorded = check_kv_handle(handle, max_parallelism)
         for name, entry in handle["states"].items():
             if entry.get("encoding") != "plain":
                 for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
-                    try:
-                        keys, values = parts
-                    except ValueError as exc:
+                    if len(parts) != 2:
                         raise CorruptCheckpointError(
-                            f"state '{name}' key group {kg}: malformed chunk"
-                        ) from exc
+                            f"state '{name}' key group {kg}: malformed chunk")
+                    keys, values = parts
+                    check_chunk_keys(name, kg, keys, max_parallelism)
                     if key_filter is not None:
                         kept = [i for i, kb in enumerate(keys) if key_filter(unpackb(kb))]
                         keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     yield name, entry, kg, keys, values
                 continue
             for keys, values in read_plain_entry(name, entry, reader):
-                groups: dict[int, tuple[list[bytes], list[bytes]]] = {}
-                for key, value in zip(keys, values, strict=True):
-                    if key_filter is not None and not key_filter(key):
+                try:
+                    kbs = list(map(plain_key_bytes, keys))
+                except SerializationError as exc:
+                    raise CorruptCheckpointError(f"state '{name}': {exc}") from None
+                groups = key_groups_for_bytes(kbs, max_parallelism)
+                _check_groups(name, groups, recorded)
+                chunks: dict[int, tuple[list[bytes], list[bytes]]] = {}
+                for key, kb, kg, value in zip(keys, kbs, groups.tolist(), values, strict=True):
+                    if kg not in key_group_range or (key_filter is not None and not key_filter(key)):
                         continue
-                    kb = packb(key)
-                    kg = key_group_for_bytes(kb, max_parallelism)
-                    if kg in key_group_range:
-                        group = groups.setdefault(kg, ([], []))
-                        group[0].append(kb)
-                        group[1].append(packb(value))
-                for kg, (kbs, vbs) in sorted(groups.items()):
-                    yield name, entry, kg, kbs, vbs
+                    chunk = chunks.setdefault(kg, ([], []))
+                    chunk[0].append(kb)
+                    chunk[1].append(packb(value))
+                for kg, (chunk_keys, chunk_values) in sorted(chunks.items()):
+                    yield name, entry, kg, chunk_keys, chunk_values

@@ -14,6 +14,7 @@ from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.durations import Time, to_millis
 from statekit.errors import ConfigError
 from statekit.registry import storage_registry
+from statekit.values import checked_int
 
 
 class CheckpointingMode(IntEnum):
@@ -93,7 +94,7 @@ class CheckpointConfig:
         return self._interval
 
     def set_checkpoint_interval(self, checkpoint_interval: int) -> CheckpointConfig:
-        interval = to_millis(checkpoint_interval)
+        interval = to_millis(checkpoint_interval, "execution.checkpointing.interval")
         if interval < 10:
             raise ConfigError("execution.checkpointing.interval",
                               f"{interval} ms is below the minimum of 10 ms")
@@ -104,7 +105,7 @@ class CheckpointConfig:
         return self._timeout
 
     def set_checkpoint_timeout(self, checkpoint_timeout: int) -> CheckpointConfig:
-        timeout = to_millis(checkpoint_timeout)
+        timeout = to_millis(checkpoint_timeout, "execution.checkpointing.timeout")
         if timeout < 1:
             raise ConfigError("execution.checkpointing.timeout", "must be at least 1 ms")
         self._timeout = timeout
@@ -114,7 +115,7 @@ class CheckpointConfig:
         return self._min_pause
 
     def set_min_pause_between_checkpoints(self, min_pause_between_checkpoints: int) -> CheckpointConfig:
-        pause = to_millis(min_pause_between_checkpoints)
+        pause = to_millis(min_pause_between_checkpoints, "execution.checkpointing.min-pause")
         if pause < 0:
             raise ConfigError("execution.checkpointing.min-pause", "must not be negative")
         self._min_pause = pause
@@ -124,10 +125,8 @@ class CheckpointConfig:
         return self._max_concurrent
 
     def set_max_concurrent_checkpoints(self, max_concurrent_checkpoints: int) -> CheckpointConfig:
-        if int(max_concurrent_checkpoints) < 1:
-            raise ConfigError("execution.checkpointing.max-concurrent-checkpoints",
-                              "must be at least 1")
-        self._max_concurrent = int(max_concurrent_checkpoints)
+        self._max_concurrent = checked_int("execution.checkpointing.max-concurrent-checkpoints",
+                                           max_concurrent_checkpoints, 1)
         return self
 
     # --- failures ----------------------------------------------------------------------------------
@@ -150,10 +149,9 @@ class CheckpointConfig:
 
     def set_tolerable_checkpoint_failure_number(self, tolerable_checkpoint_failure_number: int
                                                 ) -> CheckpointConfig:
-        if int(tolerable_checkpoint_failure_number) < 0:
-            raise ConfigError("execution.checkpointing.tolerable-failed-checkpoints",
-                              "must not be negative")
-        self._tolerable_failures = int(tolerable_checkpoint_failure_number)
+        self._tolerable_failures = checked_int(
+            "execution.checkpointing.tolerable-failed-checkpoints",
+            tolerable_checkpoint_failure_number, 0)
         return self
 
     # --- retention -----------------------------------------------------------------------------------
@@ -183,9 +181,7 @@ class CheckpointConfig:
         return self._num_retained
 
     def set_num_retained_checkpoints(self, num_retained: int) -> CheckpointConfig:
-        if int(num_retained) < 1:
-            raise ConfigError("state.checkpoints.num-retained", "must be at least 1")
-        self._num_retained = int(num_retained)
+        self._num_retained = checked_int("state.checkpoints.num-retained", num_retained, 1)
         return self
 
     def is_prefer_checkpoint_for_recovery(self) -> bool:
@@ -209,7 +205,7 @@ class CheckpointConfig:
         return self.enable_unaligned_checkpoints(False)
 
     def set_alignment_timeout(self, alignment_timeout: Time | _dt.timedelta | int) -> CheckpointConfig:
-        self._alignment_timeout = to_millis(alignment_timeout)
+        self._alignment_timeout = to_millis(alignment_timeout, "alignment_timeout", minimum=0)
         return self
 
     def get_alignment_timeout(self) -> _dt.timedelta:

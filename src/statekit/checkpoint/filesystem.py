@@ -14,6 +14,7 @@ from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import ConfigError
+from statekit.values import checked_int
 
 THRESHOLD_KEY = "state.storage.fs.memory-threshold"
 WRITE_BUFFER_KEY = "state.storage.fs.write-buffer-size"
@@ -41,14 +42,14 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if not checkpoint_path:
             raise ConfigError("state.checkpoints.dir", "FileSystemCheckpointStorage needs a path")
         threshold = (self.DEFAULT_FILE_STATE_THRESHOLD if file_state_size_threshold in (None, -1)
-                     else int(file_state_size_threshold))  # type: ignore[arg-type]
+                     else checked_int(THRESHOLD_KEY, file_state_size_threshold, 0))
         if not 0 <= threshold <= self.MAX_FILE_STATE_THRESHOLD:
             raise ConfigError(
                 "execution.checkpointing.data-inline-threshold",
                 f"{threshold} must be between 0 and {self.MAX_FILE_STATE_THRESHOLD} bytes",
             )
         buffer = (self.DEFAULT_WRITE_BUFFER_SIZE if write_buffer_size in (None, -1)
-                  else int(write_buffer_size))  # type: ignore[arg-type]
+                  else checked_int(WRITE_BUFFER_KEY, write_buffer_size, 0))
         if buffer < 0:
             raise ConfigError("execution.checkpointing.write-buffer-size", "must not be negative")
         self._checkpoint_path = strip_path(checkpoint_path)

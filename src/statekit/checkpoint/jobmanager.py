@@ -12,7 +12,7 @@ from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.blobstore.memory import MemoryBlobStore
 from statekit.checkpoint.layout import JOBMANAGER_SCHEME, CheckpointStorageAccess
-from statekit.errors import ConfigError
+from statekit.values import checked_int
 
 MAX_STATE_SIZE_KEY = "state.checkpoint-storage.jobmanager.max-state-size"
 
@@ -31,10 +31,9 @@ class JobManagerCheckpointStorage(CheckpointStorage):
     DEFAULT_MAX_STATE_SIZE: int = cfg.default(MAX_STATE_SIZE_KEY)
 
     def __init__(self, checkpoint_path: str | None = None, max_state_size: int | None = None) -> None:
-        if max_state_size is not None and max_state_size <= 0:
-            raise ConfigError("max_state_size", "must be positive")
         self._checkpoint_path = strip_path(checkpoint_path)
-        self._max_state_size = max_state_size or self.DEFAULT_MAX_STATE_SIZE
+        self._max_state_size = (self.DEFAULT_MAX_STATE_SIZE if max_state_size is None
+                                else checked_int(MAX_STATE_SIZE_KEY, max_state_size, 1))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> JobManagerCheckpointStorage:

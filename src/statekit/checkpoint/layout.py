@@ -28,8 +28,12 @@ log = logging.getLogger("statekit.checkpoint")
 RECOVER_FROM_OLDER_KEY = "execution.checkpointing.recover-from-older-on-corruption"
 
 METADATA = "_metadata"
-CHK_PATTERN = re.compile(r"^chk-(\d+)/")
+#: a checkpoint directory's name: ``chk-<id>``, the id in plain ASCII digits (no leading zero,
+#: at most 19 of them), so that listing a forged directory never runs a huge ``int()``
+CHK_NAME = re.compile(r"chk-(0|[1-9][0-9]{0,18})")
+CHK_PATTERN = re.compile(rf"^{CHK_NAME.pattern}/")
 ATTEMPTS_PREFIX = "attempts/"
+_ATTEMPT_BATCH = re.compile(r"b([0-9]{1,19})/")
 JOBMANAGER_SCHEME = "jobmanager://"
 
 
@@ -72,7 +76,7 @@ class CheckpointStorageAccess:
 
     def load(self, checkpoint_id: int) -> dict[str, Any]:
         key = f"chk-{checkpoint_id}/{METADATA}"
-        return decode_metadata(self.store.get(key), f"{self.location}/{key}")
+        return decode_metadata(self.store.get(key), f"{self.location}/{key}", checkpoint_id)
 
     def verify(self, checkpoint_id: int) -> dict[str, Any]:
         """The checkpoint's metadata after reading back every file it references (size, CRC,
@@ -178,7 +182,8 @@ class CheckpointStorageAccess:
     def retire_attempts(self, before_batch: int) -> None:
         """Delete the attempt markers of every batch before ``before_batch``."""
         for key in self.store.list(ATTEMPTS_PREFIX):
-            if int(key[len(ATTEMPTS_PREFIX):].split("/", 1)[0][1:]) < before_batch:
+            batch = _ATTEMPT_BATCH.match(key[len(ATTEMPTS_PREFIX):])  # others were not written here
+            if batch is not None and int(batch.group(1)) < before_batch:
                 self.store.delete(key)
 
     def delete_all(self) -> None:

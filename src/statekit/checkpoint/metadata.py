@@ -10,9 +10,11 @@ import struct
 import zlib
 from typing import Any
 
+from statekit.checkpoint.schema import check_metadata
 from statekit.errors import (
     ChecksumMismatchError,
     CorruptCheckpointError,
+    SerializationError,
     TruncatedCheckpointError,
     UnsupportedFormatVersionError,
 )
@@ -30,8 +32,11 @@ def encode_metadata(body: dict[str, Any]) -> bytes:
     return head + _TRAILER.pack(zlib.crc32(head))
 
 
-def decode_metadata(data: bytes, where: str = "_metadata") -> dict[str, Any]:
-    """The body of a metadata file; typed errors for every way it can be damaged."""
+def decode_metadata(data: bytes, where: str = "_metadata", checkpoint_id: int | None = None
+                    ) -> dict[str, Any]:
+    """The body of a metadata file after the schema pass (:mod:`statekit.checkpoint.schema`;
+    ``checkpoint_id``: the id its directory names); a :class:`CorruptCheckpointError` for
+    every way it can be damaged."""
     if len(data) < _HEADER.size + _TRAILER.size:
         raise TruncatedCheckpointError(f"{where}: {len(data)} bytes is too short for metadata")
     magic, version, length = _HEADER.unpack_from(data)
@@ -47,7 +52,10 @@ def decode_metadata(data: bytes, where: str = "_metadata") -> dict[str, Any]:
     (crc,) = _TRAILER.unpack_from(data, expected - _TRAILER.size)
     if zlib.crc32(data[: expected - _TRAILER.size]) != crc:
         raise ChecksumMismatchError(f"{where}: checksum mismatch")
-    body = unpackb(data[_HEADER.size : _HEADER.size + length])
+    try:
+        body = unpackb(data[_HEADER.size : _HEADER.size + length])
+    except SerializationError as exc:
+        raise CorruptCheckpointError(f"{where}: undecodable body: {exc}") from None
     if not isinstance(body, dict):
         raise CorruptCheckpointError(f"{where}: body is not a map")
-    return body
+    return check_metadata(body, where, checkpoint_id)

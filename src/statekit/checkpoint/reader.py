@@ -48,11 +48,15 @@ class StateReader:
             return
         path = check_key(str(handle.get("path")))
         spans = _spans(locations)
+        # buffers never larger than the real file (a forged part length of 256 MiB in an 836-byte
+        # file allocated a gigabyte); a part past its end reads short and fails its check below,
+        # after the good parts before it
+        real = self.store.size(path)
         ahead: queue.Queue[Any] = queue.Queue()
         # reused read buffers (also bounding the read-ahead): fresh memory for every read costs
         # page faults a restore cannot spare
         free: queue.Queue[bytearray | None] = queue.Queue()
-        size = max((length for _, length, _ in spans), default=0)
+        size = min(max((length for _, length, _ in spans), default=0), real)
         for _ in range(_READ_BUFFERS):
             free.put(bytearray(size))
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import posixpath
-import re
 import uuid
 from typing import Any
 
@@ -12,7 +11,7 @@ from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.blobstore.memory import MemoryBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
-from statekit.checkpoint.layout import JOBMANAGER_SCHEME, METADATA, CheckpointStorageAccess
+from statekit.checkpoint.layout import CHK_NAME, JOBMANAGER_SCHEME, METADATA, CheckpointStorageAccess
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
@@ -50,7 +49,7 @@ def open_external(path: str, storage_options: dict[str, Any] | None = None,
     if path.endswith("/" + METADATA):
         path = path[: -len(METADATA) - 1]
     if not path.startswith(JOBMANAGER_SCHEME):
-        chk = re.fullmatch(r"chk-(\d+)", posixpath.basename(path))
+        chk = CHK_NAME.fullmatch(posixpath.basename(path))
         job_dir = posixpath.dirname(path) if chk else path
         access = CheckpointStorageAccess(blob_store_for(job_dir, storage_options, retry=retry),
                                          job_dir, 0)
@@ -71,11 +70,12 @@ def _open_one(path: str, storage_options: dict[str, Any] | None, retry: RetryPol
               ) -> tuple[dict[str, Any], StateReader]:
     if path.endswith("/" + METADATA):
         path = path[: -len(METADATA) - 1]
+    chk = CHK_NAME.fullmatch(posixpath.basename(path))
     if path.startswith(JOBMANAGER_SCHEME):
-        job_id, _, chk = path[len(JOBMANAGER_SCHEME):].partition("/")
+        job_id, _, name = path[len(JOBMANAGER_SCHEME):].partition("/")
         store: BlobStore = MemoryBlobStore.named(job_id)
-        key = f"{chk}/{METADATA}"
-    elif re.fullmatch(r"chk-\d+", posixpath.basename(path)):
+        key = f"{name}/{METADATA}"
+    elif chk:
         store = blob_store_for(posixpath.dirname(path), storage_options, retry=retry)
         key = f"{posixpath.basename(path)}/{METADATA}"
     else:
@@ -83,4 +83,6 @@ def _open_one(path: str, storage_options: dict[str, Any] | None, retry: RetryPol
         key = METADATA
     if not store.exists(key):
         raise CheckpointNotFoundError(f"no checkpoint or savepoint metadata at {path}")
-    return decode_metadata(store.get(key), f"{path}/{METADATA}"), StateReader(store)
+    checkpoint_id = int(chk.group(1)) if chk else None  # the directory names the checkpoint
+    return (decode_metadata(store.get(key), f"{path}/{METADATA}", checkpoint_id),
+            StateReader(store))

@@ -31,6 +31,9 @@ from statekit.errors import CheckpointError, StateSizeError
 
 SHARED_PREFIX = "shared/"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+#: the most characters of a task or state name in a file name (the uuid suffix keeps it unique;
+#: file systems take 255 bytes per name)
+_NAME_IN_FILE = 96
 
 
 def safe_name(text: str) -> str:
@@ -50,7 +53,7 @@ class CheckpointStreams:
                  max_state_size: int | None = None, allow_shared: bool = True) -> None:
         self.store = store
         self.prefix = prefix
-        self.task = safe_name(task_name)
+        self.task = safe_name(task_name)[:_NAME_IN_FILE]
         self.inline_threshold = inline_threshold
         self.max_state_size = max_state_size
         self.allow_shared = allow_shared
@@ -71,7 +74,8 @@ class CheckpointStreams:
             )
 
     def _key(self, state_name: str, shared_name: str | None) -> str:
-        suffix = f"{self.task}-{safe_name(shared_name or state_name)}-{uuid.uuid4().hex[:12]}"
+        name = safe_name(shared_name or state_name)[:_NAME_IN_FILE]
+        suffix = f"{self.task}-{name}-{uuid.uuid4().hex[:12]}"
         if shared_name is not None and self.allow_shared:
             return SHARED_PREFIX + suffix
         return self.prefix + suffix

@@ -26,6 +26,7 @@ from statekit.runtime.job import CollectResult, run_sinks
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from statekit.serde.types import TypeInformation
+from statekit.values import checked_int
 
 DEFAULT_RESTART = RestartStrategies.fixed_delay_restart(3, 0)
 
@@ -147,19 +148,15 @@ class StreamExecutionEnvironment:
     # --- parallelism and restarts ------------------------------------------------------------------
 
     def set_parallelism(self, parallelism: int) -> StreamExecutionEnvironment:
-        if int(parallelism) < 1:
-            raise ConfigError("parallelism.default", "must be at least 1")
-        self._parallelism = int(parallelism)
+        self._parallelism = checked_int("parallelism.default", parallelism, 1)
         return self
 
     def get_parallelism(self) -> int:
         return self._parallelism
 
     def set_max_parallelism(self, max_parallelism: int) -> StreamExecutionEnvironment:
-        if not 0 < int(max_parallelism) <= UPPER_BOUND_MAX_PARALLELISM:
-            raise ConfigError("pipeline.max-parallelism",
-                              f"must be in 1..{UPPER_BOUND_MAX_PARALLELISM}")
-        self._max_parallelism = int(max_parallelism)
+        self._max_parallelism = checked_int("pipeline.max-parallelism", max_parallelism, 1,
+                                            UPPER_BOUND_MAX_PARALLELISM)
         return self
 
     def get_max_parallelism(self) -> int:

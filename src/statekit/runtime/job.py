@@ -24,6 +24,7 @@ from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
+from statekit.checkpoint.schema import recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import KeyedProcessFunction, open_function
@@ -33,6 +34,7 @@ from statekit.serde.keygroups import (
     key_group_for_bytes,
     key_group_range_for_operator,
 )
+from statekit.serde.keys import as_key_serializer
 from statekit.serde.types import serializer_for
 from statekit.state.limits import MAX_KEY_SIZE_KEY, MAX_VALUE_SIZE_KEY
 
@@ -118,7 +120,7 @@ class LocalJob:
         self.source = keyed._upstream._source
         self.transforms = keyed._upstream._transforms
         self.selector = keyed._selector
-        self.key_serializer = serializer_for(keyed._key_type)
+        self.key_serializer = as_key_serializer(serializer_for(keyed._key_type))
         self.func = stream._func
         self.name = name or "statekit job"
         self.limit = limit
@@ -218,7 +220,7 @@ class LocalJob:
             if restore is not None:
                 handles = [
                     h for h in restore.metadata.get("tasks", {}).values()
-                    if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))
+                    if len(recorded_key_groups(h).intersection(rng))
                 ]
                 # any backend's checkpoint restores into any backend (the one config flag)
                 restore_into(backend, [(h, restore.reader) for h in handles])

@@ -10,6 +10,13 @@ from typing import Any
 
 from statekit import config as cfg
 from statekit.durations import Time, to_millis
+from statekit.values import checked_int
+
+_FIXED_ATTEMPTS = "restart-strategy.fixed-delay.attempts"
+_FIXED_DELAY = "restart-strategy.fixed-delay.delay"
+_RATE_FAILURES = "restart-strategy.failure-rate.max-failures-per-interval"
+_RATE_INTERVAL = "restart-strategy.failure-rate.failure-rate-interval"
+_RATE_DELAY = "restart-strategy.failure-rate.delay"
 
 
 @dataclass(frozen=True)
@@ -74,15 +81,17 @@ class RestartStrategies:
     def fixed_delay_restart(restart_attempts: int, delay_between_attempts: int | Time
                             ) -> RestartStrategyConfiguration:
         return RestartStrategyConfiguration(
-            "fixed-delay", attempts=int(restart_attempts), delay_ms=to_millis(delay_between_attempts)
+            "fixed-delay", attempts=checked_int(_FIXED_ATTEMPTS, restart_attempts, 0),
+            delay_ms=to_millis(delay_between_attempts, _FIXED_DELAY, minimum=0)
         )
 
     @staticmethod
     def failure_rate_restart(failure_rate: int, failure_interval: int | Time,
                              delay_interval: int | Time) -> RestartStrategyConfiguration:
         return RestartStrategyConfiguration(
-            "failure-rate", failure_rate=int(failure_rate),
-            failure_interval_ms=to_millis(failure_interval), delay_ms=to_millis(delay_interval),
+            "failure-rate", failure_rate=checked_int(_RATE_FAILURES, failure_rate, 1),
+            failure_interval_ms=to_millis(failure_interval, _RATE_INTERVAL, minimum=1),
+            delay_ms=to_millis(delay_interval, _RATE_DELAY, minimum=0),
         )
 
     @staticmethod

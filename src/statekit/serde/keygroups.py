@@ -6,9 +6,11 @@ modulo ``max_parallelism``; partition ``i`` of ``n`` owns one contiguous range o
 
 from __future__ import annotations
 
+import array
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from statekit.config import default
 
@@ -25,6 +27,25 @@ def key_group_for_bytes(key_bytes: bytes, max_parallelism: int) -> int:
     h = (h * 0xC2B2AE35) & 0xFFFFFFFF
     h ^= h >> 16
     return h % max_parallelism
+
+
+def key_groups_for_crcs(crcs: Any, max_parallelism: int) -> Any:
+    """:func:`key_group_for_bytes` of many keys from their CRC-32s, vectorized (a numpy array:
+    restores check every key's group)."""
+    import numpy as np  # only restores need it
+
+    h = np.asarray(crcs, dtype=np.uint32)
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h = h * np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h % np.uint32(max_parallelism)
+
+
+def key_groups_for_bytes(keys: Iterable[bytes], max_parallelism: int) -> Any:
+    """:func:`key_group_for_bytes` of each serialized key (a numpy array)."""
+    return key_groups_for_crcs(array.array("I", map(zlib.crc32, keys)), max_parallelism)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,18 @@
 """msgpack with extension types for the Python values msgpack lacks (tuple, set, Decimal, datetimes,
 big ints), so every serializer's plain form encodes in one C call without pickle.
+
+Each nested extension value is one more C-level msgpack call, so nesting is bounded on both sides
+by one limit (:data:`MAX_EXT_NESTING`): a deeper value is a :class:`SerializationError` when it
+is written and when forged bytes are read, never a C stack overflow.
 """
 
 from __future__ import annotations
 
+import array
 import datetime as _dt
 import decimal
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +23,16 @@ from statekit.errors import SerializationError
 _EXT_TUPLE, _EXT_SET, _EXT_FROZENSET, _EXT_DECIMAL = 1, 2, 3, 4
 _EXT_DATETIME, _EXT_DATE, _EXT_TIME, _EXT_TIMEDELTA, _EXT_BIGINT = 5, 6, 7, 8, 9
 
+#: tuples, sets and timedeltas (extension values holding values) nest at most this deep, inside
+#: each other and through lists and maps; each level costs one C-level msgpack call (about 40 KB
+#: of C stack when reading), and about 200 levels overflowed an 8 MiB stack
+MAX_EXT_NESTING = 32
+#: lists and maps nest at most this deep within one msgpack call (msgpack's own limit, the same
+#: when packing and unpacking); below a nested extension value it is checked before packing
+MAX_PLAIN_NESTING = 1024
+_CONTAINER_EXTS = frozenset({1, 2, 3, 8})  # tuple, set, frozenset, timedelta
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
 _local = threading.local()
 
 
@@ -25,13 +41,58 @@ def _nested(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_ext_default)
 
 
+def _container_ext(code: int, items: list[Any]) -> msgpack.ExtType:
+    """``items`` packed as one extension value, within the nesting limits."""
+    depth = getattr(_local, "pack_depth", 0)
+    if depth >= MAX_EXT_NESTING:
+        raise SerializationError(
+            f"tuples and sets nest more than {MAX_EXT_NESTING} deep (the limit of statekit's format)")
+    if depth == 1:  # everything below the second level, once (msgpack bounds the levels above)
+        check_nesting(items, MAX_PLAIN_NESTING)
+    _local.pack_depth = depth + 1
+    try:
+        return msgpack.ExtType(code, _nested(items))
+    finally:
+        _local.pack_depth = depth
+
+
+def check_nesting(obj: Any, limit: int) -> None:
+    """SerializationError when containers nest more than ``limit`` deep in ``obj`` (a container
+    is one level; iterative, so a deep value cannot overflow the stack here)."""
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, _CONTAINERS):
+            continue
+        if depth > limit:
+            raise SerializationError(f"a value nests more than {limit} levels deep")
+        children = [*item, *item.values()] if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
+
+
+def array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def ext_set(items: list[bytes], *, frozen: bool) -> msgpack.ExtType:
+    """A (frozen) set whose items are packed already, encoded in the order given (canonical
+    keys sort them: a set's own iteration order depends on the process's string hashing)."""
+    return msgpack.ExtType(_EXT_FROZENSET if frozen else _EXT_SET,
+                           array_header(len(items)) + b"".join(items))
+
+
 def _ext_default(obj: Any) -> Any:
     if isinstance(obj, tuple):
-        return msgpack.ExtType(_EXT_TUPLE, _nested(list(obj)))
+        return _container_ext(_EXT_TUPLE, list(obj))
     if isinstance(obj, frozenset):
-        return msgpack.ExtType(_EXT_FROZENSET, _nested(list(obj)))
+        return _container_ext(_EXT_FROZENSET, list(obj))
     if isinstance(obj, set):
-        return msgpack.ExtType(_EXT_SET, _nested(list(obj)))
+        return _container_ext(_EXT_SET, list(obj))
     if isinstance(obj, decimal.Decimal):
         return msgpack.ExtType(_EXT_DECIMAL, str(obj).encode())
     if isinstance(obj, _dt.datetime):
@@ -41,7 +102,7 @@ def _ext_default(obj: Any) -> Any:
     if isinstance(obj, _dt.time):
         return msgpack.ExtType(_EXT_TIME, obj.isoformat().encode())
     if isinstance(obj, _dt.timedelta):
-        return msgpack.ExtType(_EXT_TIMEDELTA, _nested([obj.days, obj.seconds, obj.microseconds]))
+        return _container_ext(_EXT_TIMEDELTA, [obj.days, obj.seconds, obj.microseconds])
     if type(obj) is int:  # outside the 64-bit range msgpack handles natively
         return msgpack.ExtType(_EXT_BIGINT, str(obj).encode())
     for base in (bool, int, float, str, bytes, list, dict):
@@ -67,7 +128,17 @@ def _ext_hook(code: int, data: bytes) -> Any:
     decoder = _EXT_DECODERS.get(code)
     if decoder is None:
         raise SerializationError(f"unknown msgpack extension type {code}")
-    return decoder(data)
+    if code not in _CONTAINER_EXTS:
+        return decoder(data)
+    depth = getattr(_local, "unpack_depth", 0)
+    if depth >= MAX_EXT_NESTING:
+        raise SerializationError(
+            f"tuples and sets nest more than {MAX_EXT_NESTING} deep (the limit of statekit's format)")
+    _local.unpack_depth = depth + 1
+    try:
+        return decoder(data)
+    finally:
+        _local.unpack_depth = depth
 
 
 def _packer() -> msgpack.Packer:
@@ -84,6 +155,16 @@ def packb(obj: Any) -> bytes:
         return _packer().pack(obj)
     except (TypeError, OverflowError, ValueError) as exc:
         _local.packer = None  # a failed pack can leave the packer's buffer dirty
+        raise SerializationError(str(exc)) from exc
+
+
+def packed_crcs(values: list[Any]) -> array.array[int]:
+    """CRC-32 of each value's encoding, in order (the thread's packer called from C for each:
+    a restore checks the key group of every key)."""
+    try:
+        return array.array("I", map(zlib.crc32, map(_packer().pack, values)))
+    except (TypeError, OverflowError, ValueError) as exc:
+        _local.packer = None
         raise SerializationError(str(exc)) from exc
 
 

@@ -14,183 +14,23 @@ state is then exactly as durable as the query.
 
 from __future__ import annotations
 
-import hmac
 import http.client
 import os
-import secrets
-import socketserver
 import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping
 from typing import Any
 
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.blobstore.base import BlobStore, check_key
-from statekit.checkpoint.blobstore.memory import MemoryBlobStore
 from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.checkpoint.jobmanager import INLINE_ALL, JobManagerCheckpointStorage
 from statekit.checkpoint.layout import CheckpointStorageAccess
-from statekit.errors import (
-    CheckpointNotFoundError,
-    CheckpointStorageError,
-    StateSizeError,
-    UnsafePathError,
-)
+from statekit.errors import CheckpointNotFoundError, CheckpointStorageError, StateSizeError
+from statekit.spark.driver_server import MAX_REQUEST_BYTES, TOKEN_HEADER, JobManagerServer
 
-MAX_REQUEST_BYTES = 10 * 1024 * 1024
-_TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
-
-
-class JobManagerServer:
-    """The driver-side blob server (one per driver process, many query secrets)."""
-
-    _instances: dict[str, JobManagerServer] = {}
-    _lock = threading.Lock()
-
-    def __init__(self, host: str = "127.0.0.1", max_request_bytes: int = MAX_REQUEST_BYTES,
-                 advertise: str | None = None) -> None:
-        self.store = MemoryBlobStore()
-        self.max_request_bytes = max_request_bytes
-        self._secrets: set[str] = set()
-        self.locate: Callable[[str], str | None] = lambda query_id: None
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
-                return
-
-            def _auth(self) -> bool:
-                token = self.headers.get(_TOKEN_HEADER, "")
-                if not any(hmac.compare_digest(token, s) for s in list(server._secrets)):
-                    self._reply(403, b"bad token")
-                    return False
-                return True
-
-            def _key(self) -> str | None:
-                path = urllib.parse.urlparse(self.path)
-                try:
-                    return check_key(urllib.parse.unquote(path.path[len("/b/"):]))
-                except UnsafePathError:
-                    self._reply(400, b"unsafe key")
-                    return None
-
-            def _reply(self, code: int, body: bytes = b"") -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-            def do_PUT(self) -> None:
-                if not self._auth():
-                    return
-                length = int(self.headers.get("Content-Length", "0"))
-                if length > server.max_request_bytes:
-                    self._reply(413, f"{length} bytes exceed the JobManager frame limit of "
-                                     f"{server.max_request_bytes} bytes".encode())
-                    self.rfile.read(length)
-                    return
-                key = self._key()
-                data = self.rfile.read(length)
-                if key is not None:
-                    server.store.put(key, data)
-                    self._reply(204)
-
-            def do_GET(self) -> None:
-                if not self._auth():
-                    return
-                parsed = urllib.parse.urlparse(self.path)
-                if parsed.path == "/query":
-                    query_id = urllib.parse.parse_qs(parsed.query).get("id", [""])[0]
-                    try:
-                        location = server.locate(query_id)
-                    except Exception as exc:  # the lookup runs JVM calls: report, never crash
-                        self._reply(500, f"cannot look up query {query_id}: {exc}".encode())
-                        return
-                    self._reply(200 if location else 404, (location or "").encode())
-                    return
-                if parsed.path == "/list":
-                    prefix = urllib.parse.parse_qs(parsed.query).get("prefix", [""])[0]
-                    self._reply(200, "\n".join(server.store.list(prefix)).encode())
-                    return
-                key = self._key()
-                if key is None:
-                    return
-                try:
-                    data = server.store.get(key)
-                except CheckpointNotFoundError:
-                    self._reply(404)
-                    return
-                rng = self.headers.get("Range")
-                if rng and rng.startswith("bytes="):
-                    start, _, end = rng[6:].partition("-")
-                    data = data[int(start): int(end) + 1 if end else None]
-                self._reply(200, data)
-
-            def do_HEAD(self) -> None:
-                if not self._auth():
-                    return
-                key = self._key()
-                if key is not None:
-                    self._reply(200 if server.store.exists(key) else 404)
-
-            def do_DELETE(self) -> None:
-                if not self._auth():
-                    return
-                key = self._key()
-                if key is not None:
-                    server.store.delete(key)
-                    self._reply(204)
-
-        self._httpd = _Server((host, 0), Handler)
-        self._httpd.daemon_threads = True
-        self.url = f"http://{advertise or host}:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="statekit-jobmanager",
-                                        daemon=True)
-        self._thread.start()
-
-    @classmethod
-    def get(cls, spark: Any = None) -> JobManagerServer:
-        """The server of this driver process, started on first use, on the address executors
-        reach the driver at (``spark.driver.bindAddress`` / ``spark.driver.host``; loopback
-        without a session)."""
-        bind, advertise = _driver_address(spark)
-        with cls._lock:
-            server = cls._instances.get(bind)
-            if server is None:
-                server = cls._instances[bind] = JobManagerServer(bind, advertise=advertise)
-            return server
-
-    def new_secret(self) -> str:
-        secret = secrets.token_urlsafe(24)
-        self._secrets.add(secret)
-        return secret
-
-    def shutdown(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-
-class _Server(ThreadingHTTPServer):
-    """Binds without the reverse DNS lookup of the address that ``HTTPServer`` makes (a query to
-    the machine's name server for a cluster address)."""
-
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-
-
-def _driver_address(spark: Any) -> tuple[str, str]:
-    """``(bind, advertise)``: where the driver listens and the address executors use."""
-    if spark is None:
-        return "127.0.0.1", "127.0.0.1"
-    conf = spark.sparkContext.getConf()
-    host = conf.get("spark.driver.host", None) or "127.0.0.1"  # what Spark tells executors
-    return conf.get("spark.driver.bindAddress", None) or host, host
+__all__ = ["MAX_REQUEST_BYTES", "DriverCheckpointStorage", "JobManagerServer",
+           "QueryCheckpointStorage", "RemoteBlobStore"]
 
 
 class RemoteBlobStore(BlobStore):
@@ -222,7 +62,7 @@ class RemoteBlobStore(BlobStore):
                 self._local.conn, self._local.pid = conn, os.getpid()
             try:
                 conn.request(method, path, body=body,
-                             headers={_TOKEN_HEADER: self.secret, **(headers or {})})
+                             headers={TOKEN_HEADER: self.secret, **(headers or {})})
                 response = conn.getresponse()
                 return response.status, response.read()
             except (OSError, http.client.HTTPException) as exc:
@@ -236,6 +76,9 @@ class RemoteBlobStore(BlobStore):
         return "/b/" + urllib.parse.quote(f"{self.namespace}/{check_key(key)}")
 
     def put(self, key: str, data: bytes) -> None:
+        if len(data) > MAX_REQUEST_BYTES:  # the server would refuse it unread and hang up
+            raise StateSizeError(f"{len(data)} bytes exceed the JobManager frame limit of "
+                                 f"{MAX_REQUEST_BYTES} bytes")
         status, body = self._request("PUT", self._path(key), bytes(data))
         if status == 413:
             raise StateSizeError(body.decode())
@@ -326,7 +169,7 @@ def _lookup(url: str, secret: str, query_id: str) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=60)
     try:
         conn.request("GET", "/query?" + urllib.parse.urlencode({"id": query_id}),
-                     headers={_TOKEN_HEADER: secret})
+                     headers={TOKEN_HEADER: secret})
         response = conn.getresponse()
         return response.status, response.read()
     except (OSError, http.client.HTTPException) as exc:

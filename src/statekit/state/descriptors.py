@@ -4,12 +4,13 @@ creates the state object from it.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
 from statekit.durations import Time, to_millis
-from statekit.errors import StateError
+from statekit.errors import InvalidStateNameError, StateError
 from statekit.serde.types import TypeInformation, TypeSerializer, serializer_for
 from statekit.state.api import AggregateFunction, ReduceFunction
 from statekit.state.ttl import StateTtlConfig
@@ -27,12 +28,41 @@ __all__ = [
     "StateTtlConfig",
     "Time",
     "ValueStateDescriptor",
+    "check_state_name",
     "internal_value_descriptor",
+    "state_name_problem",
     "to_millis",
 ]
 
 
 # --- descriptors ---------------------------------------------------------------------------------
+
+#: the longest state name, in UTF-8 bytes (names become RocksDB column families and file names)
+MAX_STATE_NAME_BYTES = 1024
+
+
+def state_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a state on every backend (RocksDB column families take no NUL
+    and only UTF-8), or None when it can."""
+    if not isinstance(name, str) or not name:
+        return "a state needs a non-empty string name"
+    if "\x00" in name:
+        return "a state name cannot contain a NUL character"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "a state name must be encodable as UTF-8 (no lone surrogates)"
+    if size > MAX_STATE_NAME_BYTES:
+        return f"a state name has at most {MAX_STATE_NAME_BYTES} UTF-8 bytes, not {size}"
+    return None
+
+
+def check_state_name(name: object) -> None:
+    """InvalidStateNameError unless ``name`` can name a state on every backend."""
+    problem = state_name_problem(name)
+    if problem is not None:
+        raise InvalidStateNameError(f"{problem}: {reprlib.repr(name)}")
+
 
 
 class StateKind(StrEnum):
@@ -51,8 +81,7 @@ class StateDescriptor:
     kind: StateKind
 
     def __init__(self, name: str, type_info: TypeInformation | TypeSerializer | None) -> None:
-        if not isinstance(name, str) or not name:
-            raise StateError("a state needs a non-empty string name")
+        check_state_name(name)
         if name.startswith("__statekit"):
             raise StateError("names starting with '__statekit' are reserved", name)
         self.name = name

@@ -98,7 +98,7 @@ class StateTtlConfig:
         """Builds a :class:`StateTtlConfig`; every setter returns the builder."""
 
         def __init__(self, ttl: Time | _dt.timedelta | int) -> None:
-            self._ttl = to_millis(ttl)
+            self._ttl = to_millis(ttl, "ttl", minimum=1)
             self._update_type = StateTtlConfig.UpdateType.OnCreateAndWrite
             self._visibility = StateTtlConfig.StateVisibility.NeverReturnExpired
             self._full_snapshot = False
@@ -161,7 +161,7 @@ class StateTtlConfig:
             return self
 
         def set_ttl(self, ttl: Time | _dt.timedelta | int) -> StateTtlConfig.Builder:
-            self._ttl = to_millis(ttl)
+            self._ttl = to_millis(ttl, "ttl", minimum=1)
             return self
 
         def build(self) -> StateTtlConfig:

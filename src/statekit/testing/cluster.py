@@ -19,6 +19,7 @@ from statekit.serde.keygroups import (
     key_group_for_bytes,
     key_group_range_for_operator,
 )
+from statekit.serde.keys import as_key_serializer
 from statekit.serde.types import GenericSerializer, TypeSerializer
 from statekit.state.api import State
 from statekit.state.descriptors import StateDescriptor
@@ -35,7 +36,7 @@ class KeyedCluster:
         self.storage = storage
         self.access = storage.create_access(uuid.uuid4().hex)
         self.max_parallelism = max_parallelism
-        self.key_serializer = key_serializer or GenericSerializer()
+        self.key_serializer = as_key_serializer(key_serializer or GenericSerializer())
         self.clock = clock
         self.next_checkpoint = 1
         self.completed: list[int] = []

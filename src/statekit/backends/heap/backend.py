@@ -9,11 +9,12 @@ plain form until their state is registered (its serializer is known then).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from statekit.backends.base import KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
+from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.heap.snapshot import (
     HEAP_CHANGELOG_FORMAT,
     RUNS,
@@ -30,6 +31,7 @@ from statekit.backends.heap.table import HeapTable, Restored
 from statekit.backends.kvformat import (
     KV_FORMAT,
     KV_FORMATS,
+    check_chunk_keys,
     check_kv_handle,
     plain_in_range,
     read_kv_entry,
@@ -37,8 +39,9 @@ from statekit.backends.kvformat import (
 )
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import CorruptCheckpointError, StateError
+from statekit.errors import CorruptCheckpointError, StateError, StatekitError
 from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.keys import PLAIN_KEY_TYPES, check_key, check_keys
 from statekit.serde.msgpack import unpackb
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import State, check_value
@@ -79,6 +82,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._confirmed: dict[str, Any] | None = None
         # in-flight incremental attempts: dirty keys each captured, and its handle once written
         self._attempts: dict[int, dict[str, Any]] = {}
+
+    def set_current_key(self, key: Any) -> None:
+        """Set the current key; other keys than str/int/bytes are checked once here (NaN and
+        unhashable keys are a StateTypeError, as on RocksDB)."""
+        if type(key) not in PLAIN_KEY_TYPES and key is not NO_KEY:
+            check_key(key)
+        self.current_key = key
 
     def _create_state(self, meta: StateMeta) -> State:
         table = HeapTable(meta, track_dirty=self.incremental)
@@ -187,8 +197,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             theirs = check_kv_handle(handle, self.max_parallelism)
             if not len(theirs.intersection(mine)):
                 continue
-            whole = mine.start <= theirs.start and theirs.end <= mine.end
-            load = _Load(self, reader, whole, key_filter, skip_states)
+            load = _Load(self, reader, theirs, key_filter, skip_states)
             if not incremental:
                 for name, entry in handle["states"].items():
                     load.entry(name, entry)
@@ -215,6 +224,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
         """Values of a (TTL-less) value state for many keys: one dict lookup each, no key switch."""
         self.get_partitioned_state(descriptor)
+        check_keys(keys)
         table = self.tables[descriptor.name]
         get = table.data.get
         if not table.watch:
@@ -229,6 +239,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  values: Sequence[Any]) -> None:
         """Set a (TTL-less) value state for many keys; None clears a key."""
         self.get_partitioned_state(descriptor)
+        check_keys(keys)
         table = self.tables[descriptor.name]
         serializer = table.meta.stored_serializer
         for value in values:
@@ -258,11 +269,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
 
 class _Load:
-    """Loads one source's entries into a heap backend's restored dicts (range, key filter)."""
+    """Loads one source's entries into a heap backend's restored dicts (range, key filter),
+    checking that every key lies in the key groups the source records (``recorded``)."""
 
-    def __init__(self, backend: HeapKeyedStateBackend, reader: StateReader, whole: bool,
-                 key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str]) -> None:
-        self.backend, self.reader, self.whole = backend, reader, whole
+    def __init__(self, backend: HeapKeyedStateBackend, reader: StateReader,
+                 recorded: KeyGroupRange, key_filter: Callable[[Any], bool] | None,
+                 skip_states: frozenset[str]) -> None:
+        self.backend, self.reader, self.recorded = backend, reader, recorded
         self.key_filter, self.skip_states = key_filter, skip_states
 
     def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -273,28 +286,29 @@ class _Load:
         return [keys[i] for i in kept], [values[i] for i in kept]
 
     def entry(self, name: str, entry: dict[str, Any]) -> None:
-        """Add one state entry's in-range entries (``whole``: the writer's range is inside ours)."""
+        """Add one state entry's entries inside this backend's key groups."""
         if name in self.skip_states:
             return
         backend = self.backend
         data = backend._restored_data(name, entry)
-        key_ser, rng = backend.key_serializer, backend.key_group_range
+        key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
         if entry.get("encoding") == "plain":
             key_from = None if key_ser.identity else key_ser.from_plain
             for keys, values in read_plain_entry(name, entry, self.reader):
-                if not self.whole:
-                    keys, values = plain_in_range(keys, values, rng, backend.max_parallelism)
-                if key_from is not None:
-                    keys = list(map(key_from, keys))
-                keys, values = self._keep(keys, values)
-                data.update(zip(keys, values, strict=True))
+                keys, values = plain_in_range(name, keys, values, self.recorded, rng, maxp)
+                with _malformed_keys(name):
+                    if key_from is not None:
+                        keys = list(map(key_from, keys))
+                    data.update(zip(*self._keep(keys, values), strict=True))
             return
         for kg, parts in read_kv_entry(name, entry, self.reader, rng):
             if len(parts) != 2:
                 raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
-            keys, values = self._keep(list(map(key_ser.deserialize, parts[0])),
-                                      list(map(unpackb, parts[1])))
-            data.update(zip(keys, values, strict=True))
+            check_chunk_keys(name, kg, parts[0], maxp)
+            with _malformed_keys(name):
+                keys, values = self._keep(list(map(key_ser.deserialize, parts[0])),
+                                          list(map(unpackb, parts[1])))
+                data.update(zip(keys, values, strict=True))
 
     def log(self, name: str, entry: dict[str, Any]) -> None:
         """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
@@ -302,12 +316,27 @@ class _Load:
             return
         backend = self.backend
         data = backend._restored_data(name, entry)
-        key_de = backend.key_serializer.deserialize
+        key_de, maxp = backend.key_serializer.deserialize, backend.max_parallelism
         for kg, parts in read_kv_entry(name, entry, self.reader, backend.key_group_range):
             if len(parts) != 3:
                 raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
             puts_k, puts_v, removes = parts
-            keys, values = self._keep(list(map(key_de, puts_k)), list(map(unpackb, puts_v)))
-            data.update(zip(keys, values, strict=True))
-            for kb in removes:
-                data.pop(key_de(kb), None)
+            check_chunk_keys(name, kg, puts_k, maxp)
+            check_chunk_keys(name, kg, removes, maxp)
+            with _malformed_keys(name):
+                keys, values = self._keep(list(map(key_de, puts_k)), list(map(unpackb, puts_v)))
+                data.update(zip(keys, values, strict=True))
+                for kb in removes:
+                    data.pop(key_de(kb), None)
+
+
+@contextlib.contextmanager
+def _malformed_keys(name: str) -> Iterator[None]:
+    """Restored keys that are no keys (unhashable, not of the key type) or entries that do not
+    pair up: CorruptCheckpointError."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        if isinstance(exc, StatekitError):
+            raise
+        raise CorruptCheckpointError(f"state '{name}': malformed keys ({exc})") from None

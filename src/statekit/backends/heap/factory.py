@@ -16,7 +16,7 @@ from statekit.config import Setting, apply_settings, default
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
-from statekit.values import parse_float, parse_int
+from statekit.values import checked_int, parse_float, parse_int
 
 
 def _checked(parse: Callable[[str, Any], Any], rule: Callable[[Any], bool], wording: str
@@ -108,9 +108,7 @@ class HashMapStateBackend(StateBackend):
         return int(default(_THREADS_KEY) if self._threads is None else self._threads)
 
     def set_number_of_transfering_threads(self, number_of_transfering_threads: int) -> None:
-        if int(number_of_transfering_threads) < 1:
-            raise ConfigError(_THREADS_KEY, "must be at least 1")
-        self._threads = int(number_of_transfering_threads)
+        self._threads = checked_int(_THREADS_KEY, number_of_transfering_threads, 1)
 
     def configure(self, config: dict[str, Any]) -> HashMapStateBackend:
         """A copy with flat configuration keys applied; settings made in code take precedence."""

@@ -25,6 +25,7 @@ from statekit.backends.heap.table import Capture, dict_reader
 from statekit.backends.kvformat import (
     PACE_SLICE,
     KvStateData,
+    check_states,
     group_entries,
     handle_header,
     indexed_blob,
@@ -34,11 +35,12 @@ from statekit.backends.kvformat import (
     slice_reader,
     write_plain_entry,
 )
+from statekit.checkpoint import schema
 from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.config import default
 from statekit.errors import CheckpointError, ConfigError
-from statekit.serde.keygroups import key_group_for_bytes
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.msgpack import packb, unpackb
 
 if TYPE_CHECKING:
@@ -51,6 +53,21 @@ View = Capture | dict[Any, Any]
 
 #: Format tag of incremental heap checkpoints: a base plus ordered changelogs, both key-grouped.
 HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
+
+
+
+def _check_changelog(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
+    """The schema pass over an incremental heap handle: a base, then indexed changelogs."""
+    check_states(task.get("base"), f"{path}.base", recorded)
+    for n, log in enumerate(schema.sequence(task.get("logs"), f"{path}.logs")):
+        check_states(log, f"{path}.logs[{n}]", recorded, plain=False)
+    for key in ("base_bytes", "log_bytes"):
+        schema.integer(task.get(key), f"{path}.{key}", 0)
+    if "incremental" in task:
+        schema.boolean(task["incremental"], f"{path}.incremental")
+
+
+schema.register_format(HEAP_CHANGELOG_FORMAT, _check_changelog)
 
 SNAPSHOT_MODES = ("thread", "fork")
 DEFAULT_SNAPSHOT_MODE: str = default("state.backend.heap.snapshot-mode")

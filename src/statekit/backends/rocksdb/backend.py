@@ -30,7 +30,7 @@ from statekit.backends.rocksdb.states import (
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
-from statekit.serde.msgpack import packb
+from statekit.serde.keys import as_key_serializer
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import State, check_value
 from statekit.state.descriptors import StateDescriptor
@@ -51,7 +51,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  ttl_compaction_filter: bool = True) -> None:
         self._prefix: bytes | None = None
         self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
-        self._key_ser = packb if key_serializer.identity else key_serializer.serialize
+        self._key_ser = as_key_serializer(key_serializer).serialize  # canonical key bytes
         self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
         super().__init__(key_serializer, key_group_range, max_parallelism, clock, True)
         self.instance_dir = Path(instance_dir)
@@ -88,8 +88,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def set_current_key(self, key: Any) -> None:
         """Set the current key and compute its key-group prefix once for all state accesses."""
         self._current_key = key
-        # prefixes of str/int/bytes keys are cached, one dict per exact type (keeps 1, 1.0 and
-        # True apart, which compare equal but serialize differently)
+        # prefixes of str/int/bytes keys (canonical as they are) are cached, one dict per exact
+        # type; other keys (1.0 and True are the key 1) take the canonical serialization
         cache = self._prefix_caches.get(type(key))
         if cache is not None:
             prefix = cache.get(key)

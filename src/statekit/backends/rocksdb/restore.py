@@ -77,6 +77,24 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
         pool_map(fetch, files)
 
 
+def _check_recorded_range(cf: Rdict, name: str, recorded: KeyGroupRange) -> None:
+    """CorruptCheckpointError unless the column family's keys lie in the key groups its
+    checkpoint records (keys sort by key group: the first and the last one tell)."""
+    it = cf.iter()
+    try:
+        for seek in (it.seek_to_first, it.seek_to_last):
+            seek()
+            if not it.valid():
+                return
+            key = it.key()
+            if len(key) < 2 or int.from_bytes(key[:2], "big") not in recorded:
+                raise CorruptCheckpointError(
+                    f"state '{name}': the checkpoint holds keys outside the key groups "
+                    f"{recorded.start}..{recorded.end} it records")
+    finally:
+        del it
+
+
 class RocksDBRestoreOperation:
     """Restores one RocksDB keyed backend from task handles of any partitioning."""
 
@@ -119,6 +137,7 @@ class RocksDBRestoreOperation:
             lo, hi = backend._kgp[mine.start], kg_after(mine.end, backend._kgp)
             for name in base["states"]:
                 cf = backend._cf(name)
+                _check_recorded_range(cf, name, KeyGroupRange.of(base["key_group_range"]))
                 if mine.start > 0:
                     cf.delete_range(b"", lo)
                 cf.delete_range(hi, KG_END)
@@ -160,8 +179,10 @@ class RocksDBRestoreOperation:
             src = open_db(tmp / "db", backend._options, read_only=True)
             try:
                 lo, hi = backend._kgp[theirs.start], kg_after(theirs.end, backend._kgp)
+                recorded = KeyGroupRange.of(handle["key_group_range"])
                 for name in handle["states"]:
                     source = src.get_column_family(name)
+                    _check_recorded_range(source, name, recorded)
                     backend._cf(name)
                     target = backend._db.get_column_family_handle(name)
                     writer = _BatchWriter(backend._db)

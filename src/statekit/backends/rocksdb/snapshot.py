@@ -18,9 +18,16 @@ from typing import TYPE_CHECKING, Any
 from rocksdict import Checkpoint, Options, WriteBatch
 
 from statekit.backends.base import SnapshotRun, StateMeta
-from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
+from statekit.backends.kvformat import (
+    STATE_KINDS,
+    KvStateData,
+    handle_header,
+    kv_handle,
+    write_kv_state,
+)
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
+from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError
 
@@ -29,6 +36,33 @@ if TYPE_CHECKING:
 
 #: Format tag of a native RocksDB checkpoint handle.
 ROCKSDB_FORMAT = "statekit-rocksdb/1"
+
+
+
+def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
+    """The schema pass over a native RocksDB handle: states, and file handles with plain names."""
+    for name, info in schema.mapping(task.get("states"), f"{path}.states").items():
+        where = f"{path}.states.{schema.state_name(name, f'{path}.states')}"
+        schema.sequence(schema.mapping(info, where).get("layout"), f"{where}.layout")
+        if info.get("kind") not in STATE_KINDS:
+            raise schema.fail(f"{where}.kind", f"expected one of {', '.join(STATE_KINDS)}")
+    for group in ("sst", "misc"):
+        for name, handle in schema.mapping(task.get(group, {}), f"{path}.{group}").items():
+            schema.text(name, f"{path}.{group}")
+            if not name or "/" in name or name.startswith(".") or "\x00" in name:
+                raise schema.fail(f"{path}.{group}", f"unsafe file name {name!r}")
+            schema.handle(handle, f"{path}.{group}.{name}")
+    misc = task.get("misc", {})
+    if "CURRENT" not in misc or not any(name.startswith("MANIFEST-") for name in misc):
+        # without them RocksDB opens an empty database: every state would be silently gone
+        raise schema.fail(f"{path}.misc", "a RocksDB checkpoint needs its CURRENT and MANIFEST files")
+    if "incremental" in task:
+        schema.boolean(task["incremental"], f"{path}.incremental")
+    if "reused_sst" in task:
+        schema.integer(task["reused_sst"], f"{path}.reused_sst", 0)
+
+
+schema.register_format(ROCKSDB_FORMAT, _check_native)
 
 _TTL_SWEEP_BUDGET = 1000  # entries per TTL state examined per checkpoint (compaction-filter stand-in)
 

@@ -107,6 +107,12 @@ class BlobStore(ABC):
     def get(self, key: str, start: int | None = None, length: int | None = None) -> bytes:
         """The blob (or ``length`` bytes from ``start``); CheckpointNotFoundError when missing."""
 
+    def size(self, key: str) -> int:
+        """The blob's length in bytes; CheckpointNotFoundError when missing.  Readers compare it
+        with a handle's recorded size before sizing any buffer by the handle.  The default reads
+        the blob; stores that can ask for the length alone override it."""
+        return len(self.get(key))
+
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 

@@ -162,6 +162,10 @@ class FsspecBlobStore(PathBlobStore):
 
         return self._read(path, read)
 
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        return self._read(path, lambda: int(self.fs.size(path)))
+
     def exists(self, key: str) -> bool:
         path = self._path(key)
 

@@ -10,6 +10,7 @@ later I/O reuses those pages instead of faulting in fresh memory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import uuid
@@ -22,6 +23,7 @@ from statekit.checkpoint.blobstore.base import (
     run_operation_hook,
     write_all,
 )
+from statekit.checkpoint.blobstore.beneath import check_no_links, open_regular
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.errors import CheckpointError, CheckpointNotFoundError, CheckpointStorageError
 
@@ -30,6 +32,8 @@ class LocalBlobStore(PathBlobStore):
     """Blobs as files under the local directory ``root`` (a path or ``file://`` URL).
 
     Transient OS errors are retried per ``retry``; permanent ones become typed checkpoint errors.
+    Blobs are read only as regular files reached without following a link below ``root``, and
+    nothing is written or deleted through one (:mod:`~statekit.checkpoint.blobstore.beneath`).
     """
 
     def __init__(self, root: str, *, retry: RetryPolicy | None = None) -> None:
@@ -55,13 +59,19 @@ class LocalBlobStore(PathBlobStore):
         """Blobs are files on this machine (kept for code that checked ``FsspecBlobStore.local``)."""
         return True
 
-    def put(self, key: str, data: bytes) -> None:
+    def _writable(self, key: str) -> str:
+        """The path of ``key``, refused when a component below the root is a link."""
         path = self._path(key)
+        check_no_links(self.root, key)
+        return path
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._writable(key)
         self._call(f"write {path}", lambda: _atomic_local_write(path, data))
 
     def put_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
         """A kernel copy into a temp file, fsync, rename, fsync the directory (as ``put``)."""
-        path, source = self._path(key), os.fspath(local_path)
+        path, source = self._writable(key), os.fspath(local_path)
         self._call(f"write {path}", lambda: _atomic_local_copy(path, source))
 
     def get_file(self, key: str, local_path: str | os.PathLike[str], *, allow_link: bool = False) -> None:
@@ -70,9 +80,13 @@ class LocalBlobStore(PathBlobStore):
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)  # never "missing blob"
 
         def fetch() -> None:
-            if allow_link and _try_link(path, dest):
-                return
-            _local_copy(path, dest)
+            fd, info = open_regular(self.root, key)
+            try:
+                if allow_link and _try_link(path, dest, info):
+                    return
+                _local_copy(fd, dest)
+            finally:
+                os.close(fd)
 
         self._read(path, fetch)
 
@@ -80,17 +94,31 @@ class LocalBlobStore(PathBlobStore):
         path = self._path(key)
 
         def read() -> bytes:
-            with open(path, "rb") as fh:
-                if start:
-                    fh.seek(start)
-                return fh.read() if length is None else fh.read(length)
+            fd, info = open_regular(self.root, key)
+            with open(fd, "rb", closefd=True) as fh:
+                begin = start or 0
+                # never a buffer larger than the file holds (a forged length allocated gigabytes)
+                available = max(0, info.st_size - begin)
+                if begin:
+                    fh.seek(begin)
+                return fh.read(available if length is None else min(length, available))
 
         return self._read(path, read)
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+
+        def stat_size() -> int:
+            fd, info = open_regular(self.root, key)
+            os.close(fd)
+            return info.st_size
+
+        return self._read(path, stat_size)
 
     def put_parts(self, key: str, parts: Iterable[bytes]) -> None:
         """Each part written into the temp file as it arrives, then fsync and rename (not
         retried: the parts are consumed once)."""
-        path = self._path(key)
+        path = self._writable(key)
 
         def fill(fd: int) -> None:
             advise = getattr(os, "posix_fadvise", None)
@@ -119,7 +147,9 @@ class LocalBlobStore(PathBlobStore):
         (``POSIX_FADV_WILLNEED``) while the caller checks and decodes."""
         path = self._path(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd, _ = open_regular(self.root, key)
+        except CheckpointError:
+            raise
         except FileNotFoundError as exc:
             raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
         except OSError as exc:
@@ -150,7 +180,7 @@ class LocalBlobStore(PathBlobStore):
         return self._call(f"check {path}", lambda: os.path.lexists(path))
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        path = self._writable(key)
 
         def remove() -> None:
             run_operation_hook("delete", path)
@@ -283,29 +313,31 @@ def _pread_full(fd: int, start: int, length: int, buffer: memoryview | None = No
                 ) -> bytes | memoryview:
     """``length`` bytes at ``start`` (fewer only at the end of the file), read into ``buffer``
     (and its filled part returned) when one is given."""
-    if buffer is None:
-        buffer = memoryview(bytearray(length))
+    if buffer is None:  # sized by what the file holds, never by an untrusted length alone
+        buffer = memoryview(bytearray(max(0, min(length, os.fstat(fd).st_size - start))))
     got = 0
     while got < length and (n := os.preadv(fd, [buffer[got:length]], start + got)):
         got += n
     return buffer[:got]
 
 
-def _local_copy(source: str, dest: str) -> None:
-    """``dest`` (created or truncated) as a kernel copy of ``source``; not fsynced (a restore target)."""
-    with open(source, "rb", buffering=0) as src:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _kernel_copy(src.fileno(), fd)
-        finally:
-            os.close(fd)
+def _local_copy(source_fd: int, dest: str) -> None:
+    """``dest`` (created or truncated) as a kernel copy of the open file ``source_fd`` (from its
+    start); not fsynced (a restore target)."""
+    os.lseek(source_fd, 0, os.SEEK_SET)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _kernel_copy(source_fd, fd)
+    finally:
+        os.close(fd)
 
 
-def _try_link(source: str, dest: str) -> bool:
-    """Hard-link ``source`` as ``dest`` (replacing it); False when the file system cannot."""
+def _try_link(source: str, dest: str, expected: os.stat_result) -> bool:
+    """Hard-link ``source`` as ``dest`` (replacing it); False when the file system cannot, or
+    when what got linked is not the file opened and checked as ``expected`` (a link swapped in)."""
     tmp = os.path.join(os.path.dirname(dest) or ".", f".tmp-{uuid.uuid4().hex}")
     try:
-        os.link(source, tmp)
+        os.link(source, tmp, follow_symlinks=False)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -313,8 +345,13 @@ def _try_link(source: str, dest: str) -> bool:
             return False
         raise
     try:
+        linked = os.stat(tmp, follow_symlinks=False)
+        if (linked.st_dev, linked.st_ino) != (expected.st_dev, expected.st_ino):
+            os.unlink(tmp)
+            return False
         os.replace(tmp, dest)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     return True

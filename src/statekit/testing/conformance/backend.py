@@ -5,6 +5,8 @@ add more), through public interfaces only."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.errors import (
+    InvalidStateNameError,
     NoKeyContextError,
     StateError,
     StateNameClashError,
@@ -192,6 +195,68 @@ class BackendConformance:
             assert cluster.state("k2", v).value() is None
         finally:
             cluster.close()
+
+    # --- one key semantics -----------------------------------------------------------------------
+
+    def test_equal_keys_are_one_key(self, cluster: KeyedCluster) -> None:
+        """Keys Python calls equal are one key, also after a rescaling restore."""
+        d = ValueStateDescriptor("any", None)
+        utc, plus1 = dt.UTC, dt.timezone(dt.timedelta(hours=1))
+        groups = [
+            [1, 1.0, True, decimal.Decimal("1.000")],
+            [0, -0.0, False],
+            [(1, "a"), (True, "a"), (1.0, "a")],
+            [frozenset({1, "a", b"b"}), frozenset({True, "a", b"b"})],
+            [decimal.Decimal("1.50"), decimal.Decimal("1.5"), 1.5],
+            [dt.datetime(2026, 1, 1, 12, tzinfo=utc), dt.datetime(2026, 1, 1, 13, tzinfo=plus1)],
+            [2**70, float(2**70)],
+            [None],
+        ]
+        for n, group in enumerate(groups):
+            cluster.state(group[0], d).update(n)
+
+        def check() -> None:
+            for n, group in enumerate(groups):
+                assert [cluster.state(key, d).value() for key in group] == [n] * len(group)
+            assert cluster.state(2, d).value() is None
+            assert cluster.state(1.5000001, d).value() is None
+
+        check()
+        cluster.checkpoint()
+        cluster.restore(parallelism=3)
+        check()
+
+    def test_keys_no_backend_can_hold_are_typed_errors(self, cluster: KeyedCluster) -> None:
+        deep: Any = 1
+        for _ in range(40):
+            deep = (deep,)
+        bad = [float("nan"), (1, float("nan")), decimal.Decimal("NaN"), [1], {1: 2}, {1}, (1, [2]),
+               bytearray(b"x"), deep, dt.time(1, tzinfo=dt.UTC), object()]
+        backend = cluster.partitions[0]
+        state = backend.get_partitioned_state(VALUE)
+        for key in bad:
+            with pytest.raises(StateTypeError, match="invalid key"):
+                backend.set_current_key(key)
+                state.value()
+        backend.set_current_key("fine")
+        state.update(1)
+        assert state.value() == 1
+
+    def test_state_names_every_backend_can_hold(self, cluster: KeyedCluster) -> None:
+        for name in ("a\x00b", "\ud800", "x" * 1025, ""):
+            with pytest.raises(InvalidStateNameError):
+                ValueStateDescriptor(name, Types.LONG())
+        forged = ValueStateDescriptor("ok", Types.LONG())
+        forged.name = "bad\x00"  # registration checks names too
+        with pytest.raises(InvalidStateNameError):
+            cluster.state("k", forged)
+        names = ["default", "a/b", "new\nline", "ü😀", " ", "x" * 1024]
+        for n, name in enumerate(names):  # values large enough to be files, named by the state
+            cluster.state("k", ValueStateDescriptor(name, Types.STRING())).update(str(n) * 200)
+        cluster.checkpoint()
+        cluster.restore()
+        assert [cluster.state("k", ValueStateDescriptor(name, Types.STRING())).value()
+                for name in names] == [str(n) * 200 for n in range(len(names))]
 
     # --- snapshots -------------------------------------------------------------------------------
 

@@ -70,6 +70,13 @@ class BlobStoreConformance:
             store.get_file("chk-1/nope", tmp_path / "out")
         assert not store.exists("chk-1/nope")
 
+    def test_size_is_the_stored_length(self, store: BlobStore) -> None:
+        self.set_raw(store, "chk-1/sized", b"x" * 836)
+        store.put("chk-1/empty", b"")
+        assert store.size("chk-1/sized") == 836 and store.size("chk-1/empty") == 0
+        with pytest.raises(CheckpointNotFoundError):
+            store.size("chk-1/nope")
+
     def test_exists_and_delete(self, store: BlobStore) -> None:
         assert not store.exists("x/y")
         self.set_raw(store, "x/y", b"data")

@@ -1,0 +1,242 @@
+"""The schema pass over a ``_metadata`` body, run before anything uses it.
+
+A body that decodes is still untrusted: a field of the wrong type or out of range used to reach
+``int()``, indexing and allocation as a plain ``TypeError``, a minutes-long conversion or a
+gigabyte buffer.  Every field statekit reads is checked here (strict integers, bounded sizes,
+offsets and lengths inside their file's recorded size, key-group ranges inside max parallelism and
+disjoint across tasks, the checkpoint id matching its directory), and any violation is a
+:class:`CorruptCheckpointError`, which the restart strategy and the fall-back to an older
+checkpoint handle.  The reader checks each file's real size against the recorded one before it
+reads, so nothing is sized by an unchecked field.
+
+Task handles of a backend's snapshot format are checked by the function the backend registers
+for it (:func:`register_format`); handles of unknown formats get the generic checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from statekit.checkpoint.blobstore.base import check_key
+from statekit.errors import CorruptCheckpointError
+from statekit.serde.keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
+from statekit.state.descriptors import state_name_problem
+
+#: the largest file or chunk a handle may record (256 TiB)
+MAX_BLOB_SIZE = 1 << 48
+_INT64 = 1 << 63
+_U32 = 1 << 32
+#: layouts whose body must hold task handles
+_WITH_TASKS = ("checkpoint", "savepoint")
+
+
+class Invalid(CorruptCheckpointError):
+    """A field of a ``_metadata`` body has the wrong type or is out of range."""
+
+
+def fail(path: str, why: str) -> Invalid:
+    return Invalid(f"{path}: {why}")
+
+
+def integer(value: Any, path: str, low: int = -_INT64, high: int = _INT64 - 1) -> int:
+    """``value`` when it is an ``int`` (not a bool, not a Decimal) within ``low..high``."""
+    if type(value) is not int:
+        raise fail(path, f"expected an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise fail(path, f"{value} is outside {low}..{high}")
+    return value
+
+
+def text(value: Any, path: str) -> str:
+    if type(value) is not str:
+        raise fail(path, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def mapping(value: Any, path: str) -> dict[Any, Any]:
+    if type(value) is not dict:
+        raise fail(path, f"expected a map, got {type(value).__name__}")
+    return value
+
+
+def sequence(value: Any, path: str) -> list[Any]:
+    if type(value) is not list:
+        raise fail(path, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def boolean(value: Any, path: str) -> bool:
+    if type(value) is not bool:
+        raise fail(path, f"expected true or false, got {type(value).__name__}")
+    return value
+
+
+def state_name(value: Any, path: str) -> str:
+    problem = state_name_problem(value)
+    if problem is not None:
+        raise fail(path, problem)
+    return value
+
+
+def handle(value: Any, path: str) -> int:
+    """Check an inline or file handle; its recorded size."""
+    blob = mapping(value, path)
+    size = integer(blob.get("size"), f"{path}.size", 0, MAX_BLOB_SIZE)
+    integer(blob.get("crc"), f"{path}.crc", 0, _U32 - 1)
+    kind = blob.get("type")
+    if kind == "inline":
+        data = blob.get("data")
+        if type(data) is not bytes or len(data) != size:
+            raise fail(f"{path}.data", f"expected {size} bytes")
+    elif kind == "file":
+        check_key(text(blob.get("path"), f"{path}.path"))
+    else:
+        raise fail(f"{path}.type", f"unknown state handle type {kind!r}")
+    return size
+
+
+def locations(value: Any, path: str, size: int) -> list[list[int]]:
+    """``[offset, length, crc]`` triples in ascending order, each inside ``size`` bytes."""
+    end = 0
+    for n, loc in enumerate(sequence(value, path)):
+        where = f"{path}[{n}]"
+        if type(loc) is not list or len(loc) != 3:
+            raise fail(where, "expected [offset, length, crc]")
+        offset = integer(loc[0], where, end, size)
+        integer(loc[1], where, 0, size - offset)
+        integer(loc[2], where, 0, _U32 - 1)
+        end = offset + loc[1]
+    return value
+
+
+def tiling(value: list[list[int]], path: str, size: int) -> None:
+    """Check that the ``[offset, length, crc]`` triples (in ascending order) cover all ``size``
+    bytes without a gap: a part left out of the index would be state silently dropped."""
+    end = 0
+    for offset, length, _ in value:
+        if offset != end:
+            raise fail(path, f"a gap at byte {end}: the parts do not cover the file")
+        end = offset + length
+    if end != size:
+        raise fail(path, f"the parts cover {end} of the file's {size} bytes")
+
+
+def location(value: Any, path: str, size: int) -> list[int]:
+    """One ``[offset, length, crc]`` inside ``size`` bytes."""
+    return locations([value], path, size)[0]
+
+
+#: ``check(handle, path, recorded key groups)`` for each registered snapshot format
+FormatCheck = Callable[[dict[str, Any], str, KeyGroupRange], None]
+_FORMATS: dict[str, FormatCheck] = {}
+
+
+def register_format(fmt: str, check: FormatCheck) -> None:
+    """Have the schema pass check task handles of format ``fmt`` with ``check`` (which raises
+    :class:`CorruptCheckpointError`; the helpers of this module do)."""
+    _FORMATS[fmt] = check
+
+
+def recorded_key_groups(task: Any, path: str = "task handle") -> KeyGroupRange:
+    """The key groups a task handle records, for choosing the handles a partition restores; a
+    handle without a valid range (the schema pass lets handles of unknown formats through) is
+    corrupt rather than a ``KeyError``."""
+    bounds = mapping(task, path).get("key_group_range")
+    if type(bounds) is not list or len(bounds) != 2:
+        raise fail(f"{path}.key_group_range", "expected [first, last]")
+    start = integer(bounds[0], f"{path}.key_group_range", 0, UPPER_BOUND_MAX_PARALLELISM - 1)
+    return KeyGroupRange(start, integer(bounds[1], f"{path}.key_group_range", start,
+                                        UPPER_BOUND_MAX_PARALLELISM - 1))
+
+
+def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> dict[str, Any]:
+    """``body`` after checking every field statekit reads (see the module docstring)."""
+    body = mapping(body, where)
+    for key in ("layout", "job_id", "job_name", "backend", "query_id", "operator_id"):
+        if key in body:
+            text(body[key], f"{where}: {key}")
+    if "checkpoint_id" in body:
+        found = integer(body["checkpoint_id"], f"{where}: checkpoint_id", 0)
+        if checkpoint_id is not None and found != checkpoint_id:
+            raise fail(where, f"holds checkpoint {found}, but lies in the directory of "
+                              f"checkpoint {checkpoint_id} (copied from another checkpoint?)")
+    maxp = None
+    if "max_parallelism" in body:
+        maxp = integer(body["max_parallelism"], f"{where}: max_parallelism", 1,
+                       UPPER_BOUND_MAX_PARALLELISM)
+    if "parallelism" in body:
+        integer(body["parallelism"], f"{where}: parallelism", 1, maxp or UPPER_BOUND_MAX_PARALLELISM)
+    for key in ("timestamp", "batch", "partition", "first_batch", "spark_partition", "spark_attempt"):
+        if key in body:
+            integer(body[key], f"{where}: {key}")
+    for key in ("num_partitions", "base"):
+        if body.get(key) is not None:
+            integer(body[key], f"{where}: {key}", 0)
+    if body.get("attempt") is not None:
+        text(body["attempt"], f"{where}: attempt")
+    if "source" in body:
+        source = mapping(body["source"], f"{where}: source")
+        if "offset" in source:
+            integer(source["offset"], f"{where}: source.offset", 0)
+    if "attempts" in body:
+        for n, attempt in enumerate(sequence(body["attempts"], f"{where}: attempts")):
+            if type(attempt) is not list or len(attempt) != 2:
+                raise fail(f"{where}: attempts[{n}]", "expected [batch, token]")
+            integer(attempt[0], f"{where}: attempts[{n}]")
+            text(attempt[1], f"{where}: attempts[{n}]")
+    if "tasks" in body or body.get("layout") in _WITH_TASKS:
+        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp)
+    return body
+
+
+def _check_tasks(value: Any, path: str, maxp: int | None) -> None:
+    ranges: list[tuple[KeyGroupRange, str]] = []
+    for name, task in mapping(value, path).items():
+        where = f"{path}.{text(name, path)}"
+        recorded = _check_task(mapping(task, where), where, maxp)
+        if recorded is not None:
+            ranges.append((recorded, where))
+    ranges.sort(key=lambda item: item[0].start)
+    for (first, _), (second, where) in itertools.pairwise(ranges):
+        if second.start <= first.end:
+            raise fail(where, "its key groups overlap another task's")
+
+
+def _check_task(task: dict[Any, Any], path: str, maxp: int | None) -> KeyGroupRange | None:
+    """Check one task handle; its key-group range when it records one."""
+    _check_handles(task, path)
+    if "format" not in task:
+        return None
+    fmt = text(task["format"], f"{path}.format")
+    if "backend" in task:
+        text(task["backend"], f"{path}.backend")
+    own = integer(task.get("max_parallelism"), f"{path}.max_parallelism", 1,
+                  UPPER_BOUND_MAX_PARALLELISM)
+    if maxp is not None and own != maxp:
+        raise fail(f"{path}.max_parallelism", f"{own}, but the checkpoint's is {maxp}")
+    bounds = task.get("key_group_range")
+    if type(bounds) is not list or len(bounds) != 2:
+        raise fail(f"{path}.key_group_range", "expected [first, last]")
+    start = integer(bounds[0], f"{path}.key_group_range", 0, own - 1)
+    end = integer(bounds[1], f"{path}.key_group_range", start, own - 1)
+    recorded = KeyGroupRange(start, end)
+    check = _FORMATS.get(fmt)
+    if check is not None:
+        check(task, path, recorded)
+    return recorded
+
+
+def _check_handles(value: Any, path: str) -> None:
+    """Every inline or file handle nested in ``value`` (iteratively; the decoder bounds depth).
+    Paths are only spelled out for the error."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        item, trail = stack.pop()
+        if type(item) is dict:
+            if item.get("type") in ("inline", "file"):
+                handle(item, path + "".join(f".{step}" for step in trail))
+            stack.extend((v, (*trail, k)) for k, v in item.items() if type(v) in (dict, list))
+        elif type(item) is list:
+            stack.extend((v, (*trail, n)) for n, v in enumerate(item) if type(v) in (dict, list))

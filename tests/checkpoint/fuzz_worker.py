@@ -1,0 +1,162 @@
+"""The fuzz worker: write a real job's checkpoints with one backend, then restore mutant after
+mutant of the newest one and report each outcome as a JSON line on stdout.
+
+Run by ``test_fuzz`` in a subprocess (``python -m tests.checkpoint.fuzz_worker KIND DIR SEED N``)
+so that a crash is seen as one.  Each mutant is a fresh copy of the job directory with one
+damage: a byte flip, a truncation, a ``_metadata`` field of another type or out of range (with a
+valid checksum), files swapped within the checkpoint or crossed in from the older one, a handle
+swapped, a symbolic link out of the checkpoint, a FIFO, a directory or nothing in place of a file.
+Outcomes: ``exact`` (the state restored is the state written), ``typed`` (a StatekitError),
+``untyped`` or ``wrong`` (a failure); ``start`` lines name the mutant being tried.
+"""
+
+from __future__ import annotations
+
+import decimal
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from statekit.errors import StatekitError
+from tests.checkpoint.forge import expected_state, restore_and_read, rewrite_metadata, write_job
+
+#: values a ``_metadata`` field is replaced with: other types, and integers out of every range
+ODD_VALUES: list[Any] = [None, True, -1, 0, 1, 2**31, 2**64, -(2**63), 1.5, float("nan"), "x", "",
+                         b"\x00", [], {}, [0], [0, 1, 2], {"type": "file"},
+                         decimal.Decimal("1e999999999"), "../../etc/passwd", 127, 128]
+
+
+def _files(chk: str) -> list[str]:
+    return sorted(os.path.join(chk, n) for n in os.listdir(chk) if os.path.isfile(os.path.join(chk, n)))
+
+
+def _paths(value: Any, trail: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside a decoded ``_metadata`` body."""
+    found = [trail] if trail else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*trail, key))
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            found += _paths(item, (*trail, n))
+    return found
+
+
+def _set(body: Any, path: tuple[Any, ...], value: Any) -> None:
+    for step in path[:-1]:
+        body = body[step]
+    body[path[-1]] = value
+
+
+def mutate(rng: random.Random, job: str, outside: str) -> str:
+    """Damage the copy of the job at ``job`` (its ``chk-2``) in one random way; a description."""
+    chk, older = f"{job}/chk-2", f"{job}/chk-1"
+    files = _files(chk)
+    victim = rng.choice(files)
+    name = os.path.basename(victim)
+    kind = rng.choice(["flip", "flip", "truncate", "field", "field", "field", "swap", "cross",
+                       "handles", "link", "fifo", "directory", "missing"])
+    if kind == "flip":
+        data = bytearray(Path(victim).read_bytes())
+        if data:
+            at = rng.randrange(len(data))
+            data[at] ^= rng.randrange(1, 256)
+        Path(victim).write_bytes(bytes(data))
+        return f"flip {name}"
+    if kind == "truncate":
+        size = os.path.getsize(victim)
+        os.truncate(victim, rng.randrange(size) if size else 0)
+        return f"truncate {name}"
+    if kind == "field":
+        found: list[Any] = []
+        rewrite_metadata(f"{chk}/_metadata", lambda body: found.extend(_paths(body)))
+        path, value = rng.choice(found), rng.choice(ODD_VALUES)
+        rewrite_metadata(f"{chk}/_metadata", lambda body: _set(body, path, value))
+        return f"field {'.'.join(map(str, path))} = {value!r:.40}"
+    if kind == "swap":
+        other = rng.choice([f for f in files if f != victim])
+        tmp = victim + ".swap"
+        os.rename(victim, tmp)
+        os.rename(other, victim)
+        os.rename(tmp, other)
+        return f"swap {name} {os.path.basename(other)}"
+    if kind == "cross":
+        source = rng.choice(_files(older))
+        shutil.copyfile(source, victim)
+        return f"cross {os.path.basename(source)} -> {name}"
+    if kind == "handles":
+        def swap_handles(body: dict[str, Any]) -> None:
+            paths = [p for p in _paths(body) if p[-1] in ("data", "key_group_range", "path")]
+            pairs = [(p, q) for p in paths for q in paths
+                     if p < q and p[:len(q)] != q and q[:len(p)] != p]  # neither holds the other
+            if pairs:
+                first, second = rng.choice(pairs)
+                a, b = _get(body, first), _get(body, second)
+                _set(body, first, b)
+                _set(body, second, a)
+        rewrite_metadata(f"{chk}/_metadata", swap_handles)
+        return "handles swapped"
+    if kind == "link":
+        target = os.path.join(outside, name)
+        shutil.copyfile(victim, target)
+        os.unlink(victim)
+        os.symlink(target, victim)
+        return f"link {name}"
+    os.unlink(victim)
+    if kind == "fifo":
+        os.mkfifo(victim)
+    elif kind == "directory":
+        os.mkdir(victim)
+    return f"{kind} {name}"
+
+
+def _get(body: Any, path: tuple[Any, ...]) -> Any:
+    for step in path:
+        body = body[step]
+    return body
+
+
+def run(kind: str, base: str, seed: int, count: int, emit: Callable[[dict[str, Any]], None]) -> None:
+    source = write_job(kind, f"{base}/source")
+    expected = expected_state(2)
+    assert restore_and_read(kind, f"{source}/chk-2") == expected
+    rng = random.Random(seed)
+    for n in range(count):
+        work, outside = f"{base}/m{n}", f"{base}/outside{n}"
+        os.makedirs(outside)
+        shutil.copytree(source, f"{work}/job", symlinks=True)
+        what = mutate(rng, f"{work}/job", outside)
+        emit({"start": n, "what": what})
+        begin = time.monotonic()
+        try:
+            outcome = "exact" if restore_and_read(kind, f"{work}/job/chk-2") == expected else "wrong"
+            error = ""
+        except StatekitError as exc:
+            outcome, error = "typed", f"{type(exc).__name__}: {exc}"[:200]
+        except Exception as exc:  # the failure this test looks for
+            outcome, error = "untyped", f"{type(exc).__name__}: {exc}"[:200]
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        emit({"n": n, "what": what, "outcome": outcome, "error": error,
+              "seconds": round(time.monotonic() - begin, 3), "max_rss_mib": rss})
+        shutil.rmtree(work)
+        shutil.rmtree(outside)
+
+
+def main() -> None:
+    kind, base, seed, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+    def emit(record: dict[str, Any]) -> None:
+        print(json.dumps(record), flush=True)
+
+    run(kind, base, seed, count, emit)
+
+
+if __name__ == "__main__":
+    main()
