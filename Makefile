@@ -17,7 +17,7 @@ demo-local: $(STAMP)  ## the same kind of job on the local runner (no Spark)
 	$(PY) -m statekit.demo.local_demo
 
 test: $(STAMP)  ## the default test run (heavier tests are marked slow)
-	$(PY) -m pytest -m "not slow and not cluster" -q -p no:cacheprovider --timeout=900
+	$(PY) -m pytest -m "not slow and not cluster" -q -p no:cacheprovider --timeout=900 -n auto --maxprocesses=4
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q -p no:cacheprovider --timeout=3600

@@ -352,7 +352,7 @@ def section_heap_snapshot(data: dict[str, Any]) -> str:
             for e in stall]
     text = """## Heap asynchronous snapshots (processing thread during a checkpoint)
 
-From `benchmarks/test_heap_snapshot_bench.py` (written for the async-snapshot issue): the stall of
+From `benchmarks/test_heap_snapshot_bench.py` : the stall of
 an asynchronous snapshot against a whole synchronous one, and the processing thread's
 read-modify-write rate while the asynchronous part runs, against the mean of 2 s windows before
 and after it.
@@ -505,9 +505,8 @@ def section_spark(spark: Path, img: Path, rel: str) -> str:
     if len(present) < 3:
         present = sorted({k for r in data for k, v in r.items() if not isinstance(v, dict | list)})[:10]
     rows = [[_cell(r.get(c, "")) for c in present] for r in data]
-    text = (head + f"From `{where}` (written by `benchmarks/test_spark_e2e.py`, the Spark issue's "
-            "benchmark; its own methodology is documented in that file). Ratios are the Spark "
-            "engineer's, measured within their run.\n\n" + table(present, rows) + "\n")
+    text = (head + f"From `{where}` (written by `benchmarks/test_spark_e2e.py`, whose "
+            "docstring describes the method). Ratios are measured within one run.\n\n" + table(present, rows) + "\n")
     runs = [r for r in data if isinstance(r.get("rows_per_s"), int | float)]
     if runs:
         fig, ax = plt.subplots(figsize=(10, 0.45 * len(runs) + 1.5))
@@ -542,12 +541,12 @@ def machine(data: dict[str, Any]) -> str:
     load_txt = (f" 1-minute load average during the run: {min(loads):.1f}-{max(loads):.1f} on 2 vCPUs"
                 if loads else "")
     return (", ".join(p for p in parts if p) + f". Commit `{str(commit.get('id', '?'))[:10]}`"
-            + (" + uncommitted changes" if commit.get("dirty") else "") + f", {data.get('datetime', '')}."
+            + (" (with local changes)" if commit.get("dirty") else "") + f", {data.get('datetime', '')}."
             + load_txt)
 
 
 def closing(acc: dict[str, Any], ck: dict[str, Any], disks: dict[str, Any]) -> str:
-    lines = ["## Closing note: the figures the issue asks for", ""]
+    lines = ["## Summary against the targets", ""]
     th, tr, td = TARGETS["heap"], TARGETS["rocksdb"], TARGETS["disk"]
     if acc:
         lines.append(
@@ -629,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(pytest-benchmark JSON), produced by **`{args.command}`**"
         + (" (quick mode: small sizes, figures are plumbing checks only)" if quick else "") + ".",
         "",
-        f"**Machine:** {machine(data)}. The machine was shared with other engineers' test runs, so "
+        f"**Machine:** {machine(data)}. The machine was shared with other test runs, so "
         "absolute numbers are noisy; every comparison below is a ratio measured within one run, against "
         "a baseline measured in the same test (interleaved round by round for state access).",
         "",

@@ -17,6 +17,9 @@ os.environ["TMPDIR"] = str(_TMP)
 tempfile.tempdir = str(_TMP)
 
 
+_WORKER_LEFTOVERS: list[str] = []  # reported by pytest-xdist workers to the controller
+
+
 def pytest_sessionfinish(session, exitstatus):
     from statekit import workdirs
 
@@ -35,10 +38,42 @@ def pytest_sessionfinish(session, exitstatus):
     workdirs.sweep(_TMP / "statekit-rocksdb")
     left = sorted(p.name for p in _TMP.iterdir() if not p.name.startswith("pytest-of-")
                   and not (p.name == "statekit-rocksdb" and not any(p.iterdir())))
+    shutil.rmtree(_TMP, ignore_errors=True)
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # an xdist worker: its exit status is not the run's
+        worker_output["statekit_leftovers"] = left
+        return
+    left += _WORKER_LEFTOVERS
     if left:
         session.exitstatus = 1
         print(f"\nFAILED: the test session left these in its temporary directory: {left}")
-    shutil.rmtree(_TMP, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller of an xdist run collects what each worker's session left behind."""
+    _WORKER_LEFTOVERS.extend(getattr(node, "workeroutput", {}).get("statekit_leftovers", []))
+
+
+# --- order: the longest tests first, so parallel workers finish together ----------------------
+_LONGEST_FIRST = ("tests/spark/test_restart.py", "tests/docs/test_pages.py", "tests/docs/test_readme.py",
+                  "tests/spark/test_worker_reuse.py", "tests/checkpoint/test_crash.py",
+                  "tests/checkpoint/test_fuzz.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+# --- hypothesis: no per-example deadline (the machines running the suite are shared) --------
+try:
+    from hypothesis import settings
+
+    settings.register_profile("statekit", deadline=None)
+    settings.load_profile("statekit")
+except ImportError:
+    pass
 
 
 # --- local S3 server: moto's server on 127.0.0.1, started once per session -------------------------

@@ -62,7 +62,7 @@ def mapping(value: Any, path: str) -> dict[Any, Any]:
 
 
 def sequence(value: Any, path: str) -> list[Any]:
-    if type(value) is not list:
+    if type(value) not in (list, tuple):
         raise fail(path, f"expected a list, got {type(value).__name__}")
     return value
 
@@ -102,7 +102,7 @@ def locations(value: Any, path: str, size: int) -> list[list[int]]:
     end = 0
     for n, loc in enumerate(sequence(value, path)):
         where = f"{path}[{n}]"
-        if type(loc) is not list or len(loc) != 3:
+        if type(loc) not in (list, tuple) or len(loc) != 3:
             raise fail(where, "expected [offset, length, crc]")
         offset = integer(loc[0], where, end, size)
         integer(loc[1], where, 0, size - offset)
@@ -144,7 +144,7 @@ def recorded_key_groups(task: Any, path: str = "task handle") -> KeyGroupRange:
     handle without a valid range (the schema pass lets handles of unknown formats through) is
     corrupt rather than a ``KeyError``."""
     bounds = mapping(task, path).get("key_group_range")
-    if type(bounds) is not list or len(bounds) != 2:
+    if type(bounds) not in (list, tuple) or len(bounds) != 2:
         raise fail(f"{path}.key_group_range", "expected [first, last]")
     start = integer(bounds[0], f"{path}.key_group_range", 0, UPPER_BOUND_MAX_PARALLELISM - 1)
     return KeyGroupRange(start, integer(bounds[1], f"{path}.key_group_range", start,
@@ -182,7 +182,7 @@ def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> d
             integer(source["offset"], f"{where}: source.offset", 0)
     if "attempts" in body:
         for n, attempt in enumerate(sequence(body["attempts"], f"{where}: attempts")):
-            if type(attempt) is not list or len(attempt) != 2:
+            if type(attempt) not in (list, tuple) or len(attempt) != 2:
                 raise fail(f"{where}: attempts[{n}]", "expected [batch, token]")
             integer(attempt[0], f"{where}: attempts[{n}]")
             text(attempt[1], f"{where}: attempts[{n}]")
@@ -217,7 +217,7 @@ def _check_task(task: dict[Any, Any], path: str, maxp: int | None) -> KeyGroupRa
     if maxp is not None and own != maxp:
         raise fail(f"{path}.max_parallelism", f"{own}, but the checkpoint's is {maxp}")
     bounds = task.get("key_group_range")
-    if type(bounds) is not list or len(bounds) != 2:
+    if type(bounds) not in (list, tuple) or len(bounds) != 2:
         raise fail(f"{path}.key_group_range", "expected [first, last]")
     start = integer(bounds[0], f"{path}.key_group_range", 0, own - 1)
     end = integer(bounds[1], f"{path}.key_group_range", start, own - 1)
@@ -238,5 +238,5 @@ def _check_handles(value: Any, path: str) -> None:
             if item.get("type") in ("inline", "file"):
                 handle(item, path + "".join(f".{step}" for step in trail))
             stack.extend((v, (*trail, k)) for k, v in item.items() if type(v) in (dict, list))
-        elif type(item) is list:
+        elif type(item) in (list, tuple):
             stack.extend((v, (*trail, n)) for n, v in enumerate(item) if type(v) in (dict, list))

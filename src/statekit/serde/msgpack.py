@@ -181,15 +181,6 @@ def unpackb(data: bytes) -> Any:
 
 
 
-def array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
 def unpack_each(encoded: list[bytes]) -> list[Any]:
     """Decode many separately encoded values in one C call (as one array made of their bytes)."""
     return unpackb(array_header(len(encoded)) + b"".join(encoded)) if encoded else []
