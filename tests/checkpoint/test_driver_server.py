@@ -64,6 +64,17 @@ def test_a_secret_reaches_only_its_own_area(server):
         theirs.get("chk-1/_metadata")
 
 
+def test_definitions_of_one_operator_share_its_area(server):
+    """A query stopped and started again in the same driver is a new definition (a new secret)
+    of the same operator: it must find its state; another operator still sees nothing."""
+    first = RemoteBlobStore(server.url, server.new_secret("count"), "query-1")
+    again = RemoteBlobStore(server.url, server.new_secret("count"), "query-1")
+    other = RemoteBlobStore(server.url, server.new_secret("sessions"), "query-1")
+    first.put("_operator", b"manifest")
+    assert again.get("_operator") == b"manifest"
+    assert other.list("") == [] and not other.exists("_operator")
+
+
 def test_an_unknown_secret_is_refused(server):
     status, _ = _exchange(server, _request("GET", "/list?prefix=", "forged"))
     assert status == 403

@@ -54,7 +54,8 @@ def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dic
     return {**from_spark, **given}
 
 
-def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, CheckpointStorage]:
+def resolve(conf: Mapping[str, Any], spark: Any = None, operator_id: str | None = None
+            ) -> tuple[StateBackend, CheckpointStorage]:
     """The backend (default hashmap) and storage a query uses.
 
     Storage, unless configured: the legacy backend's own (``MemoryStateBackend``,
@@ -67,7 +68,7 @@ def resolve(conf: Mapping[str, Any], spark: Any = None) -> tuple[StateBackend, C
     else:
         storage = backend.default_checkpoint_storage() or QueryCheckpointStorage.start(spark, conf)
     if isinstance(storage, JobManagerCheckpointStorage) and storage.get_checkpoint_path() is None:
-        storage = DriverCheckpointStorage.start(storage, spark)
+        storage = DriverCheckpointStorage.start(storage, spark, area=operator_id)
     return backend, storage
 
 
@@ -88,8 +89,9 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
     reporting.install()
     schema = _struct(spark, output_schema)
     flat = statekit_conf(spark, conf)
+    operator_id = operator_id or type(function).__name__
     try:
-        backend, storage = resolve(flat, spark)
+        backend, storage = resolve(flat, spark, operator_id)
     except ConfigError as exc:  # name the key as the user wrote it
         if conf is None or exc.key not in cfg.normalize(conf):
             raise type(exc)(SPARK_PREFIX + exc.key, str(exc).split(": ", 1)[-1]) from None
@@ -99,7 +101,7 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         remember_working_roots(roots())
     spec = AdapterSpec(
         function=function, backend=backend, storage=storage,
-        operator_id=operator_id or type(function).__name__,
+        operator_id=operator_id,
         key_columns=list(key_columns), output_columns=[f.name for f in schema.fields],
         max_parallelism=cfg.read(flat, "pipeline.max-parallelism"),
         versions_retained=cfg.read(flat, VERSIONS_RETAINED_KEY), conf=flat,

@@ -4,7 +4,9 @@ Executors reach it with a secret created per query definition.  The server is ex
 driver's address, so it treats every request as untrusted:
 
 - a secret reaches only its own area: every key it reads, writes, lists or deletes lies under a
-  private prefix the server chose for it, so one query can neither see nor touch another's blobs;
+  private prefix the server chose for it, so one operator can neither see nor touch another's
+  blobs.  Definitions of the same operator (its operator id) share an area: a query stopped and
+  started again in the same driver is a new definition that must find its state;
 - ``Content-Length`` must be plain ASCII digits (else 400, 411 when a body is missing it); a body
   over the frame limit gets 413 and the connection is closed without reading the body;
 - a connection idle for ``idle_timeout`` seconds is closed, and at most ``max_connections`` are
@@ -61,6 +63,7 @@ class JobManagerServer:
         self.store = MemoryBlobStore()
         self.max_request_bytes = max_request_bytes
         self._areas: dict[bytes, str] = {}  # secret -> the private prefix of its blobs
+        self._named: dict[str, str] = {}  # operator id -> its private prefix
         self.locate: Callable[[str], str | None] = lambda query_id: None
         self._httpd = _Server((host, 0), _handler(self, idle_timeout), max_connections)
         self._httpd.daemon_threads = True
@@ -81,10 +84,15 @@ class JobManagerServer:
                 server = cls._instances[bind] = JobManagerServer(bind, advertise=advertise)
             return server
 
-    def new_secret(self) -> str:
-        """A secret for one query definition, with its own area of the store."""
+    def new_secret(self, area: str | None = None) -> str:
+        """A secret for one query definition: with its own area of the store, or with the area
+        of ``area`` (an operator id) shared by every definition of that operator."""
         secret = secrets.token_urlsafe(24)
-        self._areas[secret.encode()] = f"q{secrets.token_hex(8)}"
+        with self._lock:
+            prefix = f"q{secrets.token_hex(8)}"
+            if area is not None:
+                prefix = self._named.setdefault(area, prefix)
+            self._areas[secret.encode()] = prefix
         return secret
 
     def area(self, token: bytes) -> str | None:

@@ -123,10 +123,12 @@ class DriverCheckpointStorage(CheckpointStorage):
         self.max_state_size = max_state_size
 
     @classmethod
-    def start(cls, storage: JobManagerCheckpointStorage, spark: Any = None
-              ) -> DriverCheckpointStorage:
+    def start(cls, storage: JobManagerCheckpointStorage, spark: Any = None,
+              area: str | None = None) -> DriverCheckpointStorage:
+        """Storage on this driver's server; ``area`` (the operator id) is shared by every query
+        definition of that operator, so a query started again in this driver finds its state."""
         server = JobManagerServer.get(spark)
-        return cls(server.url, server.new_secret(), storage.get_max_state_size())
+        return cls(server.url, server.new_secret(area), storage.get_max_state_size())
 
     def get_max_state_size(self) -> int:
         return self.max_state_size
