@@ -180,7 +180,7 @@ def test_job_rides_through_transient_failures(faulty_root):
 def test_exhausted_budget_fails_checkpoint_within_tolerance(faulty_root):
     url, options, plan = faulty_root
     plan.add(Fault("pipe_file", path="*/chk-2/*", times=None, error=ConnectionResetError))
-    result = run_job(url, options, tolerable=3)
+    result = run_job(url, options, tolerable=3, pace=0.002)  # chk-2 happens also under load
     failed = [s for s in result.checkpoint_stats if s.status == "failed"]
     assert [s.checkpoint_id for s in failed] == [2]
     assert "after 3 attempt(s)" in failed[0].failure
@@ -191,9 +191,9 @@ def test_failures_beyond_tolerance_fail_the_job_then_restart(faulty_root):
     url, options, plan = faulty_root
     plan.add(Fault("pipe_file", path="*/chk-2/*", times=None, error=ConnectionResetError))
     with pytest.raises(JobExecutionError) as info:
-        run_job(url, options, tolerable=0)
+        run_job(url, options, tolerable=0, pace=0.002)  # chk-2 happens also under load
     assert isinstance(info.value.__cause__, CheckpointError)
-    result = run_job(url, options, tolerable=0, restarts=1)  # chk-2 of the new job fails too
+    result = run_job(url, options, tolerable=0, restarts=1, pace=0.002)  # chk-2 of the new job fails too
     assert result.restarts == 1
     assert finals(result) == dict(MODEL) and len(result) == len(ITEMS)
 
