@@ -138,7 +138,8 @@ def test_driver_http_server_reachable_on_the_bridge_not_on_loopback(spark, spark
     monkeypatch.setattr(socket, "getfqdn", lambda name="": name)
     on_bridge, on_loopback = JobManagerServer(host=spark_cluster.driver_host), JobManagerServer()
     try:
-        stores = {"bridge": RemoteBlobStore(on_bridge.url, on_bridge.new_secret(), "probe"),
+        secret = on_bridge.new_secret()
+        stores = {"bridge": RemoteBlobStore(on_bridge.url, secret, "probe"),
                   "loopback": RemoteBlobStore(on_loopback.url, on_loopback.new_secret(), "probe")}
         job = functools.partial(tasks.probe_stores, stores=stores, peer=spark_cluster.driver_host)
         out = spark.range(0, 4, 1, 4).mapInPandas(job, tasks.LOCATION + ", store string, ok boolean, "
@@ -149,7 +150,7 @@ def test_driver_http_server_reachable_on_the_bridge_not_on_loopback(spark, spark
 
     bridge, loopback = out[out.store == "bridge"], out[out.store == "loopback"]
     assert bridge.ok.all(), bridge.error.tolist()
-    assert len(on_bridge.store.list("probe/")) == 4
+    assert len(on_bridge.store.list(on_bridge.raw_key(secret, "probe/"))) == 4  # the secret's area
     if spark_cluster.isolated:
         assert not loopback.ok.any()
         assert all("Connection refused" in e for e in loopback.error), loopback.error.tolist()
