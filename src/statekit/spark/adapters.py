@@ -167,7 +167,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
                             ) -> Iterator[Any]:
-            import pandas as pd
+            from statekit.spark.frames import frame_rows, rows_frame
 
             task = self.task
             assert task is not None
@@ -179,9 +179,9 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                         yield out[spec.output_columns]
                     continue
                 task.backend.set_current_key(k)
-                produced = task.process(k, frame.itertuples(index=False, name=None))
+                produced = task.process(k, frame_rows(frame))
                 if produced:
-                    yield pd.DataFrame(produced, columns=spec.output_columns)
+                    yield rows_frame(produced, spec.output_columns)
 
         def close(self) -> None:
             if self.task is not None:
