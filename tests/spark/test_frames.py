@@ -42,5 +42,8 @@ def test_frame_rows_equal_itertuples():
     got = frame_rows(frame)
     assert repr(got) == repr(expected)  # nan != nan
     assert [tuple(map(type, r)) for r in got] == [tuple(map(type, r)) for r in expected]
+    extension = pd.DataFrame({"a": pd.array([1, None], dtype="Int64"), "b": pd.Categorical(["x", "y"]),
+                              "d": pd.array(["s", None], dtype="string")})
+    assert repr(frame_rows(extension)) == repr(list(extension.itertuples(index=False, name=None)))
     dup = pd.DataFrame([[1, 2]], columns=["a", "a"])
     assert frame_rows(dup) == list(dup.itertuples(index=False, name=None))

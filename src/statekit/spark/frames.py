@@ -36,9 +36,15 @@ def _infers_string() -> bool:
 def frame_rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     """The rows of ``frame`` as tuples of Python values (what ``itertuples(index=False,
     name=None)`` yields), read column by column."""
-    if not frame.shape[1] or not frame.columns.is_unique:
+    width = frame.shape[1]
+    if not width or not frame.columns.is_unique:
         return list(frame.itertuples(index=False, name=None))
-    return list(zip(*[frame[c].tolist() for c in frame.columns], strict=True))
+    column = getattr(frame, "_get_column_array", None)  # the column's values, no Series built
+    arrays = [column(i) for i in range(width)] if column is not None else []
+    if column is None or not all(type(a) is np.ndarray for a in arrays):
+        # extension arrays (nullable, datetimes, categoricals): iteration and tolist() disagree
+        return list(frame.itertuples(index=False, name=None))
+    return list(zip(*[a.tolist() for a in arrays], strict=True))
 
 
 def rows_frame(rows: Sequence[Sequence[Any]], columns: list[str]) -> pd.DataFrame:

@@ -51,7 +51,7 @@ class PartitionRuntime(PartitionLineage):
         """Record the restored backend's changes afresh and open a fresh copy of the function."""
         self.recorder = ChangeRecorder()
         backend.state_interceptor = self.recorder.intercept
-        backend.get_partitioned_state(APPLIED)
+        self.applied: Any = backend.get_partitioned_state(APPLIED)  # looked up once, not per call
         self.timers = TimerService(backend, self._processing_time, self._watermark)
         spec = self.spec
         self.function = open_function(spec.function, backend, spec.operator_id, self.partition,
@@ -70,11 +70,11 @@ class PartitionRuntime(PartitionLineage):
             return -(2**63)
 
     def _marker(self) -> Marker | None:
-        value = self.backend.get_partitioned_state(APPLIED).value()
+        value = self.applied.value()
         return None if value is None else (int(value[0]), str(value[1]))
 
     def _set_marker(self, key: Any, marker: Marker | None) -> None:
-        self.backend.get_partitioned_state(APPLIED).update(marker)
+        self.applied.update(marker)
         self.lineage.touched[key] = marker
 
     def _trusted_marker(self, key: Any) -> Marker | None:
