@@ -41,6 +41,9 @@ MATERIALIZE_KEY = "state.changelog.materialize-every-batches"
 DEFAULT_MATERIALIZE_EVERY: int = cfg.default(MATERIALIZE_KEY)
 MID_TASK_KEY = "state.changelog.materialize-after-calls"
 DEFAULT_MID_TASK_CALLS: int = cfg.default(MID_TASK_KEY)
+#: a task that hands Spark more carried-log bytes than this (and than the last snapshot) makes
+#: the next task snapshot early, so the logs can be cut
+LOG_BYTES_BEFORE_SNAPSHOT = 1 << 20
 
 Marker = tuple[int, str]  # (sequence number, attempt token) of a log entry
 Attempt = tuple[int, str]  # (batch, attempt token) of a task attempt
@@ -112,6 +115,8 @@ class PartitionLineage:
         self.pending: PendingSnapshot | None = None
         self.last_materialized_batch = -1
         self.restores = 0
+        self.logged_bytes = 0  # carried-log bytes handed to Spark by the running task
+        self.snapshot_bytes = 0  # bytes of this process's last snapshot
 
     def _open(self, backend: KeyedStateBackend) -> None:
         """Make a freshly restored ``backend`` the one calls use (the runtime's part)."""
@@ -134,10 +139,17 @@ class PartitionLineage:
                      self.partition)
             self._restore_latest(info.batch_id)
         elif info.batch_id - max(self.last_materialized_batch, self._base_batch()) \
-                >= self.materialize_every:
+                >= self.materialize_every or self._logs_outweigh_snapshot():
             self._materialize(info.batch_id)
+        self.logged_bytes = 0
         self.token, self.batch = info.attempt_token, info.batch_id
         self.lineage.own_attempts.append((info.batch_id, info.attempt_token))
+
+    def _logs_outweigh_snapshot(self) -> bool:
+        """Whether the last task handed Spark more log bytes than a snapshot would write: Spark
+        rewrites a key's whole log with every change, so a large log (a key's first fill of big
+        state) costs that much per batch until a trusted snapshot lets it be cut."""
+        return self.logged_bytes > max(self.snapshot_bytes, LOG_BYTES_BEFORE_SNAPSHOT)
 
     def _base_batch(self) -> int:
         return -1 if self.lineage.base_id is None else SnapshotId.batch_after(self.lineage.base_id)
@@ -213,7 +225,9 @@ class PartitionLineage:
         sid = SnapshotId.encode(covered, self.calls)
         included = list(self.lineage.own_attempts)
         try:
-            handle = self.backend.snapshot(sid, self.access.streams(sid, f"p{self.partition}")).run()
+            streams = self.access.streams(sid, f"p{self.partition}")
+            handle = self.backend.snapshot(sid, streams).run()
+            self.snapshot_bytes = int(getattr(streams, "bytes_written", 0) or 0)
             self.access.commit(sid, {"attempts": included, "base": self.lineage.base_id,
                                      "batch": covered, "partition": self.partition,
                                      "tasks": {"partition": handle}})

@@ -151,6 +151,7 @@ class PartitionRuntime(PartitionLineage):
         elif ops or truncated:
             carried = carried.rewrite(drop, new_entry)
             group_state.update((seq, tseq, tatt, carried.blob))
+            self.logged_bytes += len(carried.blob)
             self.carried.put(key, carried)
         self.calls += 1
         if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
