@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from statekit.spark.frames import frame_rows, rows_frame
+from statekit.spark.frames import frame_rows, key_chunks, key_rows, rows_frame
 
 CASES = [
     [("k1", 1, 2), ("k2", 3, 4)],
@@ -47,3 +47,53 @@ def test_frame_rows_equal_itertuples():
     assert repr(frame_rows(extension)) == repr(list(extension.itertuples(index=False, name=None)))
     dup = pd.DataFrame([[1, 2]], columns=["a", "a"])
     assert frame_rows(dup) == list(dup.itertuples(index=False, name=None))
+
+
+# PySpark's own per-key chunk generators, as its worker defines them (same names, same file name)
+_PYSPARK_WORKER = '''
+import pandas as pd
+
+def read_udfs(value_offsets):
+    def apply_udf_to_group(value_series_gen):
+        return (pd.concat(x, axis=1) for x in value_series_gen)
+
+    def transform_with_state_func(group):
+        return (df.iloc[:, value_offsets] for _, df in group)
+
+    return apply_udf_to_group, transform_with_state_func
+'''
+
+
+def _pyspark_generators(offsets):
+    namespace = {}
+    exec(compile(_PYSPARK_WORKER, "/venv/site-packages/pyspark/worker.py", "exec"), namespace)
+    return namespace["read_udfs"](offsets)
+
+
+def _chunks():
+    return [pd.DataFrame({"key": ["a", "a"], "v": np.array([1, 2], dtype="int64"), "f": [0.5, 1.5]}),
+            pd.DataFrame({"key": ["a"], "v": np.array([3], dtype="int64"), "f": [2.5]}),
+            pd.DataFrame({"key": ["a"], "v": pd.array([4], dtype="Int64"), "f": [None]})]
+
+
+def test_key_chunks_read_pyspark_generators_at_their_source(monkeypatch):
+    concat, iloc = _pyspark_generators([2, 0])
+    expected = [frame_rows(c) for c in _chunks()]
+    series = [[c[name] for name in c.columns] for c in _chunks()]
+    built = []
+    real_concat = pd.concat
+    monkeypatch.setattr(pd, "concat", lambda *a, **k: built.append(1) or real_concat(*a, **k))
+    assert repr(list(key_chunks(concat(iter(series))))) == repr(expected)
+    assert len(built) == 1  # only the chunk with a nullable column was built as a DataFrame
+    assert repr(list(key_rows(concat(iter(series))))) == repr([r for rows in expected for r in rows])
+    picked = [frame_rows(c.iloc[:, [2, 0]]) for c in _chunks()]
+    assert repr(list(key_chunks(iloc(iter([("a", c) for c in _chunks()]))))) == repr(picked)
+
+
+def test_key_chunks_iterate_anything_else_as_given():
+    concat, _ = _pyspark_generators([0])
+    started = concat(iter([[c[n] for n in c.columns] for c in _chunks()]))
+    first = next(started)
+    assert repr(list(key_chunks(started))) == repr([frame_rows(c) for c in _chunks()[1:]])
+    assert frame_rows(first) == frame_rows(_chunks()[0])
+    assert list(key_rows(iter(_chunks()[:1]))) == frame_rows(_chunks()[0])

@@ -26,7 +26,7 @@ from statekit.spark.apply_in_pandas.lineage import (
     log,
 )
 from statekit.spark.changelog import ChangeRecorder
-from statekit.spark.frames import frame_rows, rows_frame
+from statekit.spark.frames import key_rows, rows_frame
 from statekit.spark.task import AdapterSpec
 from statekit.state.descriptors import internal_value_descriptor
 
@@ -227,7 +227,6 @@ class PartitionRuntime(PartitionLineage):
                 for ts, domain in self.timers.pop_due(self._processing_time(), self._watermark()))
         else:
             ctx = KeyedProcessFunction.Context(self.backend, self.timers)
-            produced = (function.process_element(row, ctx) for frame in frames
-                        for row in frame_rows(frame))
+            produced = (function.process_element(row, ctx) for row in key_rows(frames))
         rows = [row for out in produced if out is not None for row in out]
         return [rows_frame(rows, self.spec.output_columns)] if rows else []
