@@ -51,9 +51,9 @@ def test_frame_rows_equal_itertuples():
 
 # PySpark's own per-key chunk generators, as its worker defines them (same names, same file name)
 _PYSPARK_WORKER = '''
-import pandas as pd
-
 def read_udfs(value_offsets):
+    import pandas as pd
+
     def apply_udf_to_group(value_series_gen):
         return (pd.concat(x, axis=1) for x in value_series_gen)
 
@@ -97,3 +97,23 @@ def test_key_chunks_iterate_anything_else_as_given():
     assert repr(list(key_chunks(started))) == repr([frame_rows(c) for c in _chunks()[1:]])
     assert frame_rows(first) == frame_rows(_chunks()[0])
     assert list(key_rows(iter(_chunks()[:1]))) == frame_rows(_chunks()[0])
+
+
+def test_pyspark_worker_still_builds_the_chunks_it_is_read_for():
+    """The adapters read PySpark's chunk generators at their source (a speed-up only: anything
+    else is iterated as given); a PySpark that builds them otherwise shows here."""
+    import types
+
+    import pyspark.worker
+
+    def walk(code):
+        yield code
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from walk(const)
+
+    with open(pyspark.worker.__file__) as fh:
+        code = compile(fh.read(), pyspark.worker.__file__, "exec")
+    found = {(c.co_qualname, c.co_names) for c in walk(code)}
+    assert ("read_udfs.<locals>.apply_udf_to_group.<locals>.<genexpr>", ("concat",)) in found
+    assert ("read_udfs.<locals>.transform_with_state_func.<locals>.<genexpr>", ("iloc",)) in found

@@ -103,7 +103,9 @@ def _pyspark_source(frames: Any) -> tuple[str, Any, Any] | None:
     if inspect.getgeneratorstate(frames) != inspect.GEN_CREATED:
         return None
     local = frame.f_locals
-    if code.co_qualname == _CONCAT_QUALNAME and code.co_names == ("pd", "concat") and ".0" in local:
+    if (code.co_qualname == _CONCAT_QUALNAME and "concat" in code.co_names
+            and set(code.co_names) <= {"pd", "concat"} and ".0" in local
+            and local.get("pd", frame.f_globals.get("pd")) is pd):
         return "concat", local[".0"], None
     if (code.co_qualname == _ILOC_QUALNAME and ".0" in local and "value_offsets" in local
             and code.co_names == ("iloc",)):
