@@ -22,6 +22,8 @@ def test_rewrite_makes_the_bytes_packb_makes(n, drop, append):
     out = log.rewrite(k, new)
     expected = entries[k:] + ([new] if append else [])
     assert out.entries == expected
+    if append:
+        assert out.last_size == len(packb(new))
     if expected:
         assert out.blob == packb(expected)
         assert CarriedLog.decode(out.blob) == out

@@ -66,13 +66,14 @@ def rows_frame(rows: Sequence[Sequence[Any]], columns: list[str]) -> pd.DataFram
     if len(arrays) != len(columns) or index is None:
         return pd.DataFrame(rows, columns=columns)
     # the arrays are 1-D, of equal length and final dtype: nothing for pandas to check or infer
-    return pd.DataFrame._from_arrays(arrays, columns=index, index=pd.RangeIndex(len(rows)),
+    return pd.DataFrame._from_arrays(arrays, columns=index.copy(), index=pd.RangeIndex(len(rows)),
                                      verify_integrity=False)
 
 
 @functools.lru_cache(maxsize=64)
 def _columns_index(columns: tuple[str, ...]) -> pd.Index | None:
-    """The (immutable, shared) column index of output frames; None when pandas must build them
+    """The column index of output frames (each frame gets a copy: a name set on one stays
+    there); None when pandas must build them
     (duplicate names, or a pandas without ``DataFrame._from_arrays``)."""
     if len(set(columns)) != len(columns) or not hasattr(pd.DataFrame, "_from_arrays"):
         return None

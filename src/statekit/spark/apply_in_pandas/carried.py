@@ -29,6 +29,13 @@ class CarriedLog:
     start: int
     ends: list[int]
 
+    @property
+    def last_size(self) -> int:
+        """Encoded bytes of the newest entry (0 for an empty log)."""
+        if not self.ends:
+            return 0
+        return self.ends[-1] - (self.ends[-2] if len(self.ends) > 1 else self.start)
+
     @classmethod
     def decode(cls, blob: bytes | None) -> CarriedLog:
         if not blob:

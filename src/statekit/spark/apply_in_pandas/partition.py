@@ -151,7 +151,9 @@ class PartitionRuntime(PartitionLineage):
         elif ops or truncated:
             carried = carried.rewrite(drop, new_entry)
             group_state.update((seq, tseq, tatt, carried.blob))
-            self.logged_bytes += len(carried.blob)
+            new_bytes = carried.last_size if new_entry is not None else 0
+            self.logged_new_bytes += new_bytes
+            self.logged_old_bytes += len(carried.blob) - new_bytes
             self.carried.put(key, carried)
         self.calls += 1
         if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
