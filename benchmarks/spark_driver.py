@@ -55,7 +55,7 @@ MAP_OUTPUT = "key string, e long, val long"
 #: (path, backend, input).  ``spark-*`` backends are Spark's own state store.  Inputs: ``full`` =
 #: every file; ``slow`` = the first ``slow_files`` files (the per-key Python paths run at 1-2k rows/s),
 #: same 50k keys; ``reduced`` = a small input (``apply_*`` sizes), available for ad-hoc runs.
-ISSUE7_PATHS = [
+RUNNING_AGGREGATE_PATHS = [
     ("spark_apply_in_pandas_with_state", "spark-rocksdb", "slow"),
     ("spark_transform_with_state_in_pandas", "spark-rocksdb", "slow"),
     ("spark_native_groupby_count", "spark-rocksdb", "full"),
@@ -68,11 +68,18 @@ ISSUE7_PATHS = [
     ("apply_in_pandas_with_state", "hashmap", "slow"),
     ("apply_in_pandas_with_state", "rocksdb", "slow"),
 ]
-ISSUE8_PATHS = [
+LARGE_MAP_PATHS = [
     ("map_spark_apply_in_pandas_with_state", "spark-rocksdb"),
     ("map_apply_in_pandas_with_state", "hashmap"),
     ("map_apply_in_pandas_with_state", "rocksdb"),
 ]
+
+
+#: statekit's per-key adapters and Spark's own API of the same kind (same input)
+SAME_API = {
+    "transform_with_state": "spark_transform_with_state_in_pandas",
+    "apply_in_pandas_with_state": "spark_apply_in_pandas_with_state",
+}
 
 
 def sizes(quick: bool) -> dict[str, int]:
@@ -499,6 +506,9 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if r["path"].startswith("map_") and ref.get("bytes_per_batch") and r.get("bytes_per_batch"):
                 r["bytes_per_batch_ratio_to_apply_in_pandas"] = round(
                     r["bytes_per_batch"] / ref["bytes_per_batch"], 4)
+        same = find(SAME_API[r["path"]], r.get("input")) if r["path"] in SAME_API else None
+        if same:  # against Spark's own API of the same kind (the per-key adapters' target)
+            r["ratio_to_same_spark_api"] = round(r["rows_per_s"] / same["rows_per_s"], 2)
         if native and not r["path"].startswith("map_") and r.get("input") != "reduced":
             r["ratio_to_native_count"] = round(r["rows_per_s"] / native["rows_per_s"], 3)
         out.append(r)

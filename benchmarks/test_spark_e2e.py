@@ -27,8 +27,8 @@ import pytest
 
 from benchmarks._common import QUICK, STRICT
 from benchmarks.spark_driver import (
-    ISSUE7_PATHS,
-    ISSUE8_PATHS,
+    LARGE_MAP_PATHS,
+    RUNNING_AGGREGATE_PATHS,
     Inputs,
     make_spark,
     run,
@@ -75,15 +75,15 @@ def _run(benchmark: Any, env: Any, path: str, backend: str, input_name: str) -> 
     return result
 
 
-@pytest.mark.parametrize(("path", "backend", "input_name"), ISSUE7_PATHS,
-                         ids=[f"{p}-{b}-{i}" for p, b, i in ISSUE7_PATHS])
-def test_issue7_running_aggregate(benchmark, env, path, backend, input_name):
+@pytest.mark.parametrize(("path", "backend", "input_name"), RUNNING_AGGREGATE_PATHS,
+                         ids=[f"{p}-{b}-{i}" for p, b, i in RUNNING_AGGREGATE_PATHS])
+def test_running_aggregate(benchmark, env, path, backend, input_name):
     result = _run(benchmark, env, path, backend, input_name)
     assert result["correct"], result
 
 
-@pytest.mark.parametrize(("path", "backend"), ISSUE8_PATHS, ids=[f"{p}-{b}" for p, b in ISSUE8_PATHS])
-def test_issue8_large_map_state(benchmark, env, path, backend):
+@pytest.mark.parametrize(("path", "backend"), LARGE_MAP_PATHS, ids=[f"{p}-{b}" for p, b in LARGE_MAP_PATHS])
+def test_large_map_state(benchmark, env, path, backend):
     result = _run(benchmark, env, path, backend, "full")
     assert result["correct"], result
 

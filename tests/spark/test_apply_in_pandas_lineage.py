@@ -179,6 +179,36 @@ def test_large_map_state_logs_only_the_change(tmp_path):
     assert max(sizes) < 200  # each entry: one value update and one map put, not the whole map
 
 
+class Fill(KeyedProcessFunction):
+    """The first event of a key fills a large map; later ones change one entry.  Emits the event
+    count, or -1 when the map is not whole (a restore or replay lost some of it)."""
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.m = ctx.get_map_state(MapStateDescriptor("m", Types.LONG(), Types.STRING()))
+
+    def process_element(self, row, ctx):
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        if self.m.is_empty():
+            self.m.put_all({i: "x" * 100 for i in range(12_000)})
+        self.m.put(n, "changed")
+        yield ctx.get_current_key(), n if len(list(self.m.keys())) == 12_000 else -1
+
+
+def test_a_large_log_makes_the_next_task_snapshot_and_cut_it(tmp_path):
+    sim = Simulation(tmp_path, materialize_every=100)
+    sim.spec.function = Fill()
+    for b in range(3):
+        assert sim.batch(b, "P1", ["big"])
+    assert sim.processes["P1"].lineage.base_id is not None  # batch 1 snapshotted, not batch 100
+    assert len(sim.committed["big"][3]) < 1000  # the fill's log entry was cut
+    fresh = Simulation(tmp_path, materialize_every=100)  # a new process restores and replays
+    fresh.spec.function = Fill()
+    fresh.committed, fresh.model, fresh.attempt = sim.committed, sim.model, sim.attempt
+    assert fresh.batch(3, "FRESH", ["big"])
+
+
 class Session(KeyedProcessFunction):
     """Counts events; a processing-time timer 50 ms after the last event closes the session."""
 

@@ -184,3 +184,25 @@ def unpackb(data: bytes) -> Any:
 def unpack_each(encoded: list[bytes]) -> list[Any]:
     """Decode many separately encoded values in one C call (as one array made of their bytes)."""
     return unpackb(array_header(len(encoded)) + b"".join(encoded)) if encoded else []
+
+
+def unpack_array_ends(data: bytes) -> tuple[list[Any], int, list[int]]:
+    """Decode an array made by :func:`packb`: its items, where the first item starts and where
+    each item ends in ``data`` (so a caller can reuse the encoded items without encoding again)."""
+    try:
+        unpacker = msgpack.Unpacker(None, raw=False, strict_map_key=False, ext_hook=_ext_hook,
+                                    use_list=True, max_buffer_size=max(len(data), 1 << 20))
+        unpacker.feed(data)
+        n = unpacker.read_array_header()
+        start = unpacker.tell()
+        items, ends = [], []
+        for _ in range(n):
+            items.append(unpacker.unpack())
+            ends.append(unpacker.tell())
+    except SerializationError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on damaged input
+        raise SerializationError(f"cannot decode state bytes: {exc}") from exc
+    if (ends[-1] if ends else start) != len(data):
+        raise SerializationError("cannot decode state bytes: trailing data after the array")
+    return items, start, ends

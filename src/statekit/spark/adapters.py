@@ -169,21 +169,22 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
                             ) -> Iterator[Any]:
-            import pandas as pd
+            from statekit.spark.frames import key_chunks, rows_frame
 
             task = self.task
             assert task is not None
             k = key[0] if len(key) == 1 else tuple(key)
-            for frame in rows:
-                if spec.vectorized:
+            if spec.vectorized:
+                for frame in rows:
                     out = task.process_frame(frame)
                     if out is not None and len(out):
                         yield out[spec.output_columns]
-                    continue
+                return
+            for chunk in key_chunks(rows):
                 task.backend.set_current_key(k)
-                produced = task.process(k, frame.itertuples(index=False, name=None))
+                produced = task.process(k, chunk)
                 if produced:
-                    yield pd.DataFrame(produced, columns=spec.output_columns)
+                    yield rows_frame(produced, spec.output_columns)
 
         def close(self) -> None:
             if self.task is not None:

@@ -69,6 +69,10 @@ class ChangeRecorder:
         for name, (meta, raw) in self.raw.items():
             if name == APPLIED_NAME:
                 continue
+            if meta.ttl is None and meta.kind == "map":  # no entry to read: O(1), not O(entries)
+                if not raw.is_empty():  # type: ignore[attr-defined]
+                    return False
+                continue
             live = (lambda stamped: True) if meta.ttl is None else (
                 lambda stamped, ttl=meta.ttl: not ttl.expired(stamped, now))
             if meta.kind == "value":

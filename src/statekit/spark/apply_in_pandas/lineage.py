@@ -41,6 +41,10 @@ MATERIALIZE_KEY = "state.changelog.materialize-every-batches"
 DEFAULT_MATERIALIZE_EVERY: int = cfg.default(MATERIALIZE_KEY)
 MID_TASK_KEY = "state.changelog.materialize-after-calls"
 DEFAULT_MID_TASK_CALLS: int = cfg.default(MID_TASK_KEY)
+#: a task whose carried logs re-send more than this many bytes of earlier changes, and more than
+#: OLD_TO_NEW_BEFORE_SNAPSHOT times its new changes, makes the next task snapshot early
+OLD_LOG_BYTES_BEFORE_SNAPSHOT = 256 << 10
+OLD_TO_NEW_BEFORE_SNAPSHOT = 4
 
 Marker = tuple[int, str]  # (sequence number, attempt token) of a log entry
 Attempt = tuple[int, str]  # (batch, attempt token) of a task attempt
@@ -112,6 +116,8 @@ class PartitionLineage:
         self.pending: PendingSnapshot | None = None
         self.last_materialized_batch = -1
         self.restores = 0
+        self.logged_old_bytes = 0  # bytes of earlier changes the running task sent Spark again
+        self.logged_new_bytes = 0  # bytes of the running task's own changes
 
     def _open(self, backend: KeyedStateBackend) -> None:
         """Make a freshly restored ``backend`` the one calls use (the runtime's part)."""
@@ -134,10 +140,18 @@ class PartitionLineage:
                      self.partition)
             self._restore_latest(info.batch_id)
         elif info.batch_id - max(self.last_materialized_batch, self._base_batch()) \
-                >= self.materialize_every:
+                >= self.materialize_every or self._logs_outweigh_snapshot():
             self._materialize(info.batch_id)
+        self.logged_old_bytes = self.logged_new_bytes = 0
         self.token, self.batch = info.attempt_token, info.batch_id
         self.lineage.own_attempts.append((info.batch_id, info.attempt_token))
+
+    def _logs_outweigh_snapshot(self) -> bool:
+        """Whether the last task's logs were mostly earlier changes sent again: Spark rewrites a
+        key's whole log with every change, so a large entry (a key's first fill of big state)
+        costs its size per batch until a trusted snapshot lets it be cut."""
+        old, new = self.logged_old_bytes, self.logged_new_bytes
+        return old > OLD_LOG_BYTES_BEFORE_SNAPSHOT and old > OLD_TO_NEW_BEFORE_SNAPSHOT * new
 
     def _base_batch(self) -> int:
         return -1 if self.lineage.base_id is None else SnapshotId.batch_after(self.lineage.base_id)

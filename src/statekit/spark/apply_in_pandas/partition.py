@@ -18,7 +18,7 @@ from statekit.backends.base import KeyedStateBackend
 from statekit.backends.bulk import BulkState
 from statekit.errors import CorruptCheckpointError, MissingStateError
 from statekit.runtime.functions import KeyedProcessFunction, TimerService, open_function
-from statekit.serde.types import packb, unpackb
+from statekit.spark.apply_in_pandas.carried import EMPTY, LogCache
 from statekit.spark.apply_in_pandas.lineage import (
     DEFAULT_MID_TASK_CALLS,
     Marker,
@@ -26,6 +26,7 @@ from statekit.spark.apply_in_pandas.lineage import (
     log,
 )
 from statekit.spark.changelog import ChangeRecorder
+from statekit.spark.frames import key_rows, rows_frame
 from statekit.spark.task import AdapterSpec
 from statekit.state.descriptors import internal_value_descriptor
 
@@ -43,13 +44,14 @@ class PartitionRuntime(PartitionLineage):
         self._group_state: Any = None
         self.function: Any = None
         self.recorder = ChangeRecorder()
+        self.carried = LogCache()  # the logs this process last wrote, decoded
         self.started_empty = 0  # keys started from empty state because their snapshot was gone
 
     def _open(self, backend: KeyedStateBackend) -> None:
         """Record the restored backend's changes afresh and open a fresh copy of the function."""
         self.recorder = ChangeRecorder()
         backend.state_interceptor = self.recorder.intercept
-        backend.get_partitioned_state(APPLIED)
+        self.applied: Any = backend.get_partitioned_state(APPLIED)  # looked up once, not per call
         self.timers = TimerService(backend, self._processing_time, self._watermark)
         spec = self.spec
         self.function = open_function(spec.function, backend, spec.operator_id, self.partition,
@@ -68,11 +70,11 @@ class PartitionRuntime(PartitionLineage):
             return -(2**63)
 
     def _marker(self) -> Marker | None:
-        value = self.backend.get_partitioned_state(APPLIED).value()
+        value = self.applied.value()
         return None if value is None else (int(value[0]), str(value[1]))
 
     def _set_marker(self, key: Any, marker: Marker | None) -> None:
-        self.backend.get_partitioned_state(APPLIED).update(marker)
+        self.applied.update(marker)
         self.lineage.touched[key] = marker
 
     def _trusted_marker(self, key: Any) -> Marker | None:
@@ -103,15 +105,18 @@ class PartitionRuntime(PartitionLineage):
             lineage.base_markers[key] = marker
         if group_state.exists:
             seq, tseq, tatt, blob = group_state.get
-            entries: list[list[Any]] = unpackb(blob) if blob else []
+            carried = self.carried.get(key, blob)
         else:
-            seq, tseq, tatt, entries = 0, None, None, []
+            seq, tseq, tatt, carried = 0, None, None, EMPTY
             if marker is not None:  # the committed state of this key is empty
                 self.recorder.clear_all()
                 marker = None
                 self._set_marker(key, None)
+        entries = carried.entries
         if not self._consistent(marker, entries, tseq, tatt):
             marker, entries, tseq, tatt = self._recover(key, entries, tseq, tatt)
+            if not entries:
+                carried = EMPTY
         for entry in entries:
             if marker is None or entry[0] > marker[0]:
                 self.recorder.replay(entry[3])
@@ -123,25 +128,33 @@ class PartitionRuntime(PartitionLineage):
         if not removable:
             self._schedule_timeout(group_state)
         ops = self.recorder.stop()
+        new_entry = None
         if ops:
             seq += 1
-            entries.append([seq, self.batch, self.token, ops])
+            new_entry = [seq, self.batch, self.token, ops]
             marker = (seq, self.token or "")
             self._set_marker(key, marker)
-        truncated = False
+        drop, truncated = 0, False
         trusted = self._trusted_marker(key)
         if trusted is not None:
-            while entries and entries[0][0] <= trusted[0]:
-                dropped = entries.pop(0)
-                tseq, tatt = dropped[0], dropped[2]
-                truncated = True
+            while drop < len(entries) and entries[drop][0] <= trusted[0]:
+                tseq, tatt = entries[drop][0], entries[drop][2]
+                drop, truncated = drop + 1, True
+            if new_entry is not None and drop == len(entries) and seq <= trusted[0]:
+                tseq, tatt, new_entry, truncated = seq, self.token, None, True
         if removable:  # nothing live is left: forget the key (GroupState absent = empty state)
             if group_state.exists:
                 group_state.remove()
+            self.carried.forget(key)
             self.recorder.clear_all()
             self._set_marker(key, None)
         elif ops or truncated:
-            group_state.update((seq, tseq, tatt, packb(entries)))
+            carried = carried.rewrite(drop, new_entry)
+            group_state.update((seq, tseq, tatt, carried.blob))
+            new_bytes = carried.last_size if new_entry is not None else 0
+            self.logged_new_bytes += new_bytes
+            self.logged_old_bytes += len(carried.blob) - new_bytes
+            self.carried.put(key, carried)
         self.calls += 1
         if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
             self._materialize(self.batch, mid_task=True)  # e.g. a process that never sees a next task
@@ -202,8 +215,6 @@ class PartitionRuntime(PartitionLineage):
 
     def _run(self, key: Any, frames: Iterator[Any], timed_out: bool) -> list[Any]:
         """Call the user's function on the key's rows (or its due timers); its output frames."""
-        import pandas as pd
-
         function = self.function
         if self.spec.vectorized and not timed_out:
             bulk = BulkState(self.backend)
@@ -218,7 +229,6 @@ class PartitionRuntime(PartitionLineage):
                 for ts, domain in self.timers.pop_due(self._processing_time(), self._watermark()))
         else:
             ctx = KeyedProcessFunction.Context(self.backend, self.timers)
-            produced = (function.process_element(row, ctx) for frame in frames
-                        for row in frame.itertuples(index=False, name=None))
+            produced = (function.process_element(row, ctx) for row in key_rows(frames))
         rows = [row for out in produced if out is not None for row in out]
-        return [pd.DataFrame(rows, columns=self.spec.output_columns)] if rows else []
+        return [rows_frame(rows, self.spec.output_columns)] if rows else []
