@@ -506,7 +506,8 @@ def section_spark(spark: Path, img: Path, rel: str) -> str:
         present = sorted({k for r in data for k, v in r.items() if not isinstance(v, dict | list)})[:10]
     rows = [[_cell(r.get(c, "")) for c in present] for r in data]
     text = (head + f"From `{where}` (written by `benchmarks/test_spark_e2e.py`, whose "
-            "docstring describes the method). Ratios are measured within one run.\n\n" + table(present, rows) + "\n")
+            "docstring describes the method). Ratios are measured within one run.\n\n"
+            + table(present, rows) + "\n")
     runs = [r for r in data if isinstance(r.get("rows_per_s"), int | float)]
     if runs:
         fig, ax = plt.subplots(figsize=(10, 0.45 * len(runs) + 1.5))
