@@ -17,7 +17,7 @@ DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 PRINTS = re.compile(r"# prints: (.+)$", re.M)
 ADAPTERS = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "adapters").glob("*.md"))
-#: pages whose examples run in tests of their own (test_inspect_page, test_readme)
+#: pages whose examples run in tests of their own (test_inspect_doc)
 OWN_TESTS = {"inspect.md"}
 #: what statekit itself may leave in the temporary directory: the shared root of RocksDB working
 #: directories (each instance's directory inside it is removed)
