@@ -21,6 +21,7 @@ from statekit.runtime.functions import (
     KeyedProcessFunction,
     MapFunction,
     RuntimeContext,
+    VectorizedKeyedFunction,
 )
 from statekit.runtime.restart import RestartStrategies
 from statekit.serde.types import TypeInformation, Types
@@ -93,4 +94,5 @@ __all__ = [
     "Types",
     "ValueState",
     "ValueStateDescriptor",
+    "VectorizedKeyedFunction",
 ]
