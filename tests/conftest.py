@@ -1,5 +1,6 @@
 """Session-wide fixtures: a private temporary directory checked for leftovers, the S3 server."""
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -8,11 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from statekit import workdirs
+
 # --- nothing left behind ----------------------------------------------------------------------
 # The whole session (Spark's Python workers and driver subprocesses included, through TMPDIR)
 # works in a private temporary directory.  At the end, after Spark is stopped and this process
 # released what it owns (as it would at exit), anything statekit created there is a failure.
+# The session holds a lock on ``<dir>.lock`` (the workdirs convention), so a session that was
+# killed before it could clean up is swept by the next one.
+_BASE = tempfile.gettempdir()
 _TMP = Path(tempfile.mkdtemp(prefix="statekit-tests-"))
+_pending = f"{_TMP.parent}/.{_TMP.name}.lock.new"  # locked before it gets the name sweepers see
+_LOCK_FD = os.open(_pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+fcntl.flock(_LOCK_FD, fcntl.LOCK_EX)
+os.replace(_pending, f"{_TMP}.lock")
+workdirs.sweep(_BASE, "statekit-tests-")
 os.environ["TMPDIR"] = str(_TMP)
 tempfile.tempdir = str(_TMP)
 
@@ -21,8 +32,6 @@ _WORKER_LEFTOVERS: list[str] = []  # reported by pytest-xdist workers to the con
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from statekit import workdirs
-
     try:
         from pyspark.sql import SparkSession
 
@@ -39,6 +48,8 @@ def pytest_sessionfinish(session, exitstatus):
     left = sorted(p.name for p in _TMP.iterdir() if not p.name.startswith("pytest-of-")
                   and not (p.name == "statekit-rocksdb" and not any(p.iterdir())))
     shutil.rmtree(_TMP, ignore_errors=True)
+    Path(f"{_TMP}.lock").unlink(missing_ok=True)
+    os.close(_LOCK_FD)
     worker_output = getattr(session.config, "workeroutput", None)
     if worker_output is not None:  # an xdist worker: its exit status is not the run's
         worker_output["statekit_leftovers"] = left
