@@ -21,29 +21,9 @@ from statekit.runtime.restart import RestartStrategies
 from statekit.serde.msgpack import MAX_EXT_NESTING
 from statekit.serde.types import Types
 from statekit.state.descriptors import ValueStateDescriptor
-from tests.checkpoint.forge import expected_state, restore_and_read, rewrite_metadata, write_job
+from tests.checkpoint.conftest import WRITERS
+from tests.checkpoint.forge import expected_state, restore_and_read, rewrite_metadata
 from tests.serde.test_nesting import run_isolated
-
-WRITERS = ["hashmap", "rocksdb"]
-
-
-@pytest.fixture(scope="module", params=WRITERS)
-def job(request, tmp_path_factory):
-    """A job's two checkpoints written with each backend (shared by the module's tests: each
-    test tampers with a copy)."""
-    root = tmp_path_factory.mktemp(f"job-{request.param}")
-    return request.param, write_job(request.param, str(root))
-
-
-@pytest.fixture
-def copy(job, tmp_path):
-    """A private copy of the job directory: ``(writer, job directory)``."""
-    import shutil
-
-    writer, source = job
-    target = tmp_path / "job"
-    shutil.copytree(source, target, symlinks=True)
-    return writer, str(target)
 
 
 @pytest.mark.parametrize("reader", WRITERS)

@@ -14,23 +14,8 @@ import pytest
 
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.errors import CorruptCheckpointError, UnsafePathError
-from tests.checkpoint.forge import expected_state, restore_and_read, write_job
-
-WRITERS = ["hashmap", "rocksdb"]
-
-
-@pytest.fixture(scope="module", params=WRITERS)
-def job(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"links-{request.param}")
-    return request.param, write_job(request.param, str(root))
-
-
-@pytest.fixture
-def copy(job, tmp_path):
-    writer, source = job
-    target = tmp_path / "job"
-    shutil.copytree(source, target, symlinks=True)
-    return writer, str(target)
+from tests.checkpoint.conftest import WRITERS
+from tests.checkpoint.forge import expected_state, restore_and_read
 
 
 @contextlib.contextmanager
