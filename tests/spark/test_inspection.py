@@ -63,10 +63,16 @@ def test_foreach_batch_versions_by_batch(spark, tmp_path):
 
 
 def test_apply_in_pandas_snapshots_hide_internal_state(spark, tmp_path):
-    frame = write_inputs(str(tmp_path / "in"), 0, 3)
+    frame = write_inputs(str(tmp_path / "in"), 0, 5)  # several chances to materialize
     checkpoint = str(tmp_path / "query")
-    run_until_done(spark, "apply_in_pandas_with_state", RunningCount(), str(tmp_path / "in"),
-                   checkpoint, Outputs(), {"state.changelog.materialize-every-batches": "1"})
+    # one partition: one snapshot chain, so the newest snapshot is the state as of its batch
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        run_until_done(spark, "apply_in_pandas_with_state", RunningCount(), str(tmp_path / "in"),
+                       checkpoint, Outputs(), {"state.changelog.materialize-every-batches": "1"})
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
     infos = [i for i in list_checkpoints(checkpoint) if i.status == "retained"]
     assert infos and all(i.id >= 1_000_000 for i in infos)  # snapshot ids, not batch ids
     newest = max(i.batch for i in infos)
