@@ -225,7 +225,7 @@ def _retained(request, tmp_path):
     else:
         server = request.getfixturevalue("s3_server")
         url, options = request.getfixturevalue("s3_url") + "/r", server.storage_options()
-    result = run_job(url, options, retained=3, pace=0.003)  # long enough for 3+ checkpoints under load
+    result = run_job(url, options, retained=3, pace=0.006)  # long enough for 3+ checkpoints under load
     assert len(result.retained_checkpoints) == 3
     job_dir = result.latest_checkpoint.rsplit("/", 1)[0]
     access = CheckpointStorageAccess(FsspecBlobStore(job_dir, options), job_dir, 0)
