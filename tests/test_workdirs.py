@@ -64,3 +64,19 @@ def test_directories_of_earlier_versions_are_swept_unless_their_database_is_open
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_shared_root_goes_with_its_last_directory(tmp_path):
+    """``statekit-rocksdb`` is statekit's own root: removed once empty; a root of another name
+    (one the user configured) stays."""
+    shared, own = tmp_path / "statekit-rocksdb", tmp_path / "my-rocksdb"
+    first, second = workdirs.create(shared, "a-"), workdirs.create(shared, "b-")
+    mine = workdirs.create(own, "a-")
+    workdirs.remove(first)
+    assert shared.is_dir()  # the other owner's directory is still in it
+    workdirs.remove(second)
+    workdirs.remove(mine)
+    assert not shared.exists() and own.is_dir()
+    again = workdirs.create(shared, "c-")  # made again when needed
+    assert again.is_dir()
+    workdirs.remove(again)

@@ -22,6 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 LOCK_SUFFIX = ".lock"
+#: roots statekit makes for many owners' directories (the RocksDB default ``<temp>/statekit-rocksdb``):
+#: removed by the last owner that leaves them empty
+SHARED_ROOTS = frozenset({"statekit-rocksdb"})
 
 _owned: dict[str, tuple[Path, int]] = {}  # directory -> (lock file, its descriptor)
 _lock = threading.Lock()
@@ -33,12 +36,19 @@ def create(root: str | os.PathLike[str], prefix: str) -> Path:
     Dead owners' directories with the same ``prefix`` under ``root`` are swept first.
     """
     base = Path(root)
-    base.mkdir(parents=True, exist_ok=True)
-    sweep(base, prefix)
     name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     # lock a temporary name first, then rename: a sweeper only ever sees locked lock files
     pending = base / f".{name}{LOCK_SUFFIX}.new"
-    fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    for _ in range(100):  # a shared root another process removed as empty is made again
+        base.mkdir(parents=True, exist_ok=True)
+        sweep(base, prefix)
+        try:
+            fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            break
+        except FileNotFoundError:
+            continue
+    else:
+        raise FileNotFoundError(f"cannot create a working directory under {base}")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -65,6 +75,17 @@ def remove(path: str | os.PathLike[str]) -> None:
         lock, fd = owned
         lock.unlink(missing_ok=True)
         os.close(fd)
+        _remove_shared_root(Path(key).parent)
+
+
+def _remove_shared_root(root: Path) -> None:
+    """Remove statekit's own shared root once nothing is in it; a root the user configured under
+    another name stays."""
+    if root.name in SHARED_ROOTS:
+        try:
+            root.rmdir()  # only when empty: a live owner's directory or lock keeps it
+        except OSError:
+            pass
 
 
 def sweep(root: str | os.PathLike[str], prefix: str = "") -> list[Path]:
