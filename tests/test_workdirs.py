@@ -80,3 +80,12 @@ def test_the_shared_root_goes_with_its_last_directory(tmp_path):
     again = workdirs.create(shared, "c-")  # made again when needed
     assert again.is_dir()
     workdirs.remove(again)
+
+
+def test_a_sweep_that_empties_the_shared_root_removes_it(tmp_path):
+    shared = tmp_path / "statekit-rocksdb"
+    proc, path = owner(shared, "os._exit(0)")  # dies without cleaning up
+    proc.wait(timeout=60)
+    assert os.path.isdir(path)
+    assert [str(p) for p in workdirs.sweep(shared)] == [path]
+    assert not shared.exists()

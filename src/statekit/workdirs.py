@@ -41,7 +41,7 @@ def create(root: str | os.PathLike[str], prefix: str) -> Path:
     pending = base / f".{name}{LOCK_SUFFIX}.new"
     for _ in range(100):  # a shared root another process removed as empty is made again
         base.mkdir(parents=True, exist_ok=True)
-        sweep(base, prefix)
+        sweep(base, prefix, keep_root=True)
         try:
             fd = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
             break
@@ -88,8 +88,9 @@ def _remove_shared_root(root: Path) -> None:
             pass
 
 
-def sweep(root: str | os.PathLike[str], prefix: str = "") -> list[Path]:
-    """Remove the directories under ``root`` whose owners are dead; the ones removed."""
+def sweep(root: str | os.PathLike[str], prefix: str = "", *, keep_root: bool = False) -> list[Path]:
+    """Remove the directories under ``root`` whose owners are dead; the ones removed.  A shared
+    root left empty goes too, unless ``keep_root`` (a directory is about to be made in it)."""
     base = Path(root)
     removed: list[Path] = []
     if not base.is_dir():
@@ -113,6 +114,8 @@ def sweep(root: str | os.PathLike[str], prefix: str = "") -> list[Path]:
             removed.append(path)
         finally:
             os.close(fd)
+    if not keep_root:
+        _remove_shared_root(base)
     return removed
 
 
