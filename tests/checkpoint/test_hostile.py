@@ -69,6 +69,8 @@ HUGE = decimal.Decimal("1e999999999")  # 11 bytes of msgpack; int() of it runs f
     (("checkpoint_id",), HUGE),
     (("max_parallelism",), HUGE),
     (("tasks",), []),                        # finding 5
+    (("tasks",), {}),                        # no handle at all: never an empty restore
+    (("tasks", "p1", "key_group_range"), [120, 127]),  # p1's other key groups not covered
     (("tasks", "p0", "key_group_range"), 1_000_000),
     (("tasks", "p0", "key_group_range"), [0, 1_000_000]),
     (("max_parallelism",), None),
@@ -85,6 +87,13 @@ def test_metadata_fields_of_the_wrong_type_or_range_are_corrupt(copy, field, val
     with pytest.raises(CorruptCheckpointError):
         restore_and_read("hashmap", f"{where}/chk-2")
     assert time.monotonic() - start < 10
+
+
+def test_a_missing_task_handle_is_corrupt(copy):
+    _, where = copy
+    rewrite_metadata(f"{where}/chk-2/_metadata", lambda body: body["tasks"].pop("p1"))
+    with pytest.raises(CorruptCheckpointError, match="key groups"):
+        restore_and_read("hashmap", f"{where}/chk-2")
 
 
 def test_undecodable_metadata_is_corrupt(copy):

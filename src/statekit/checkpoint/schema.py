@@ -187,13 +187,20 @@ def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> d
             integer(attempt[0], f"{where}: attempts[{n}]")
             text(attempt[1], f"{where}: attempts[{n}]")
     if "tasks" in body or body.get("layout") in _WITH_TASKS:
-        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp)
+        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp,
+                     whole="parallelism" in body)
     return body
 
 
-def _check_tasks(value: Any, path: str, maxp: int | None) -> None:
+def _check_tasks(value: Any, path: str, maxp: int | None, whole: bool) -> None:
+    """Every task handle, their key-group ranges disjoint; a job's checkpoint (``whole``: it
+    records its parallelism, so every subtask wrote a handle) covers all its key groups, so a
+    lost handle is an error, never a restore into empty state."""
+    tasks = mapping(value, path)
+    if not tasks:
+        raise fail(path, "no task handles (a checkpoint always holds at least one)")
     ranges: list[tuple[KeyGroupRange, str]] = []
-    for name, task in mapping(value, path).items():
+    for name, task in tasks.items():
         where = f"{path}.{text(name, path)}"
         recorded = _check_task(mapping(task, where), where, maxp)
         if recorded is not None:
@@ -202,6 +209,11 @@ def _check_tasks(value: Any, path: str, maxp: int | None) -> None:
     for (first, _), (second, where) in itertools.pairwise(ranges):
         if second.start <= first.end:
             raise fail(where, "its key groups overlap another task's")
+    if whole and maxp is not None and len(ranges) == len(tasks):
+        covered = sum(r.end - r.start + 1 for r, _ in ranges)
+        if covered != maxp:
+            raise fail(path, f"the task handles cover {covered} of the job's {maxp} key groups "
+                             "(a task's state is missing)")
 
 
 def _check_task(task: dict[Any, Any], path: str, maxp: int | None) -> KeyGroupRange | None:
