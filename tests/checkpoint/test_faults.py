@@ -16,6 +16,7 @@ import uuid
 import zlib
 from collections import Counter
 
+import fsspec
 import pytest
 
 from statekit.checkpoint.blobstore import FsspecBlobStore
@@ -86,7 +87,9 @@ def faulty_root(request):
 
 
 def run_job(url, options, *, retry=FAST, tolerable=None, restarts=0, items=ITEMS, func=None,
-            extra=None, retained=1, parallelism=2, pace=0.0003):
+            extra=None, retained=1, parallelism=2, pace=0.0003, checkpoints=0):
+    """Run the counting job on ``url``; ``checkpoints``: the last quarter of the input waits, one
+    element at a time, for checkpoints to complete until that many exist (a loaded machine)."""
     env = StreamExecutionEnvironment.get_execution_environment(
         {"execution.checkpointing.interval": "10 ms", "state.checkpoints.num-retained": str(retained),
          "execution.checkpointing.max-concurrent-checkpoints": "1",
@@ -99,8 +102,28 @@ def run_job(url, options, *, retry=FAST, tolerable=None, restarts=0, items=ITEMS
         cc.set_tolerable_checkpoint_failure_number(tolerable)
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(restarts, 0) if restarts
                              else RestartStrategies.no_restart())
-    slow = env.from_collection(items).map(lambda v: (time.sleep(pace), v)[1])
+    seen = [0]
+
+    def slow_down(v):
+        time.sleep(pace)
+        seen[0] += 1
+        if checkpoints and seen[0] >= len(items) * 3 // 4:
+            found, deadline = _completed(url, options), time.monotonic() + 2
+            while found < checkpoints and time.monotonic() < deadline:
+                time.sleep(0.005)  # the pending one completes; the next starts after this element
+                if _completed(url, options) > found:
+                    break
+        return v
+
+    slow = env.from_collection(items).map(slow_down)
     return slow.key_by(lambda v: v[0]).process(func or Count()).execute_and_collect()
+
+
+def _completed(url, options):
+    """How many completed checkpoints the job directories under ``url`` hold now."""
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    fs.invalidate_cache()
+    return len(fs.glob(f"{path.rstrip('/')}/*/chk-*/_metadata"))
 
 
 # --- retries -------------------------------------------------------------------------------------
@@ -225,7 +248,8 @@ def _retained(request, tmp_path):
     else:
         server = request.getfixturevalue("s3_server")
         url, options = request.getfixturevalue("s3_url") + "/r", server.storage_options()
-    result = run_job(url, options, retained=3, pace=0.006)  # long enough for 3+ checkpoints under load
+    # the job waits near its end until 2 checkpoints exist (the final one makes 3), also under load
+    result = run_job(url, options, retained=3, checkpoints=2)
     assert len(result.retained_checkpoints) == 3
     job_dir = result.latest_checkpoint.rsplit("/", 1)[0]
     access = CheckpointStorageAccess(FsspecBlobStore(job_dir, options), job_dir, 0)
