@@ -22,7 +22,7 @@ from statekit.serde.msgpack import MAX_EXT_NESTING
 from statekit.serde.types import Types
 from statekit.state.descriptors import ValueStateDescriptor
 from tests.checkpoint.conftest import WRITERS
-from tests.checkpoint.forge import expected_state, restore_and_read, rewrite_metadata
+from tests.checkpoint.forge import expected_state, restore_and_read, rewrite_metadata, write_job
 from tests.serde.test_nesting import run_isolated
 
 
@@ -94,6 +94,21 @@ def test_a_missing_task_handle_is_corrupt(copy):
     rewrite_metadata(f"{where}/chk-2/_metadata", lambda body: body["tasks"].pop("p1"))
     with pytest.raises(CorruptCheckpointError, match="key groups"):
         restore_and_read("hashmap", f"{where}/chk-2")
+
+
+def test_an_emptied_states_map_is_corrupt(copy):
+    _, where = copy
+    rewrite_metadata(f"{where}/chk-2/_metadata", _set(("tasks", "p0", "states"), {}))
+    with pytest.raises(CorruptCheckpointError, match="states"):
+        restore_and_read("hashmap", f"{where}/chk-2")
+
+
+@pytest.mark.parametrize("field, value", [(("base",), {}), (("logs",), [])])
+def test_an_emptied_incremental_base_or_dropped_log_is_corrupt(tmp_path, field, value):
+    job = write_job("hashmap-incremental", str(tmp_path / "job"))  # chk-2: a base and a log
+    rewrite_metadata(f"{job}/chk-2/_metadata", _set(("tasks", "p0", *field), value))
+    with pytest.raises(CorruptCheckpointError, match="bytes"):
+        restore_and_read("hashmap", f"{job}/chk-2")
 
 
 def test_undecodable_metadata_is_corrupt(copy):

@@ -48,6 +48,7 @@ class KvHandle(HandleHeader):
     """A ``statekit-kv`` task handle: the header plus one entry per state name."""
 
     states: dict[str, dict[str, Any]]
+    state_count: int
 
 
 class IndexedEntry(TypedDict):
@@ -81,7 +82,8 @@ def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
 
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:
     """The task handle of a ``KV_FORMAT`` snapshot."""
-    return {**handle_header(backend, KV_FORMAT), "states": states}  # type: ignore[typeddict-item]
+    return {**handle_header(backend, KV_FORMAT),  # type: ignore[typeddict-item]
+            "states": states, "state_count": len(states)}
 
 
 # --- the schema pass over handles ------------------------------------------------------------------
@@ -116,8 +118,19 @@ def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool
         check_entry(entry, f"{path}.{schema.state_name(name, path)}", recorded, plain=plain)
 
 
+def check_state_count(task: dict[str, Any], states: Any, path: str) -> None:
+    """A handle records how many states it holds (``state_count``, absent in handles of older
+    versions): an emptied or shortened ``states`` map fails here instead of restoring as less."""
+    if "state_count" in task:
+        count = schema.integer(task["state_count"], f"{path}.state_count", 0)
+        if count != len(schema.mapping(states, f"{path}.states")):
+            raise schema.fail(f"{path}.states", f"{len(states)} states, but the handle "
+                                                f"records {count}")
+
+
 def _check_kv_handle(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
     check_states(task.get("states"), f"{path}.states", recorded)
+    check_state_count(task, task.get("states"), path)
 
 
 for _fmt in KV_FORMATS:

@@ -59,10 +59,15 @@ HEAP_CHANGELOG_FORMAT = "statekit-heap-changelog/1"
 def _check_changelog(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
     """The schema pass over an incremental heap handle: a base, then indexed changelogs."""
     check_states(task.get("base"), f"{path}.base", recorded)
-    for n, log in enumerate(schema.sequence(task.get("logs"), f"{path}.logs")):
+    logs = schema.sequence(task.get("logs"), f"{path}.logs")
+    for n, log in enumerate(logs):
         check_states(log, f"{path}.logs[{n}]", recorded, plain=False)
-    for key in ("base_bytes", "log_bytes"):
-        schema.integer(task.get(key), f"{path}.{key}", 0)
+    # the recorded sizes are redundant with the entries: an emptied base or a dropped log fails
+    sums = {"base_bytes": sum(map(_entry_size, task["base"].values())),
+            "log_bytes": sum(_entry_size(e) for log in logs for e in log.values())}
+    for key, found in sums.items():
+        if schema.integer(task.get(key), f"{path}.{key}", 0) != found:
+            raise schema.fail(f"{path}.{key}", f"{task[key]}, but the entries hold {found} bytes")
     if "incremental" in task:
         schema.boolean(task["incremental"], f"{path}.incremental")
 

@@ -21,6 +21,7 @@ from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import (
     STATE_KINDS,
     KvStateData,
+    check_state_count,
     handle_header,
     kv_handle,
     write_kv_state,
@@ -52,6 +53,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
             if not name or "/" in name or name.startswith(".") or "\x00" in name:
                 raise schema.fail(f"{path}.{group}", f"unsafe file name {name!r}")
             schema.handle(handle, f"{path}.{group}.{name}")
+    check_state_count(task, task.get("states"), path)
     misc = task.get("misc", {})
     if "CURRENT" not in misc or not any(name.startswith("MANIFEST-") for name in misc):
         # without them RocksDB opens an empty database: every state would be silently gone
@@ -215,6 +217,7 @@ class RocksDBSnapshotStrategy:
             **handle_header(backend, ROCKSDB_FORMAT),
             "incremental": incremental,
             "states": info,
+            "state_count": len(info),
             "sst": sst,
             "misc": misc,
             "reused_sst": reused,
