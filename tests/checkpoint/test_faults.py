@@ -240,7 +240,19 @@ def test_truncation_is_detected_on_write_and_read(faulty_root):
 # --- integrity of retained checkpoints ------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def retained_template(tmp_path_factory):
+    """One finished job with 3 retained checkpoints on the local disk (its job directory), copied
+    into each test's store: checkpoint handles are relative to their job directory."""
+    url = str(tmp_path_factory.mktemp("retained") / "ckpt")
+    # the job waits near its end until 2 checkpoints exist (the final one makes 3), also under load
+    result = run_job(url, {}, retained=3, checkpoints=2)
+    assert len(result.retained_checkpoints) == 3
+    return result.latest_checkpoint.rsplit("/", 1)[0]
+
+
 def _retained(request, tmp_path):
+    template = request.getfixturevalue("retained_template")
     if request.param == "local":
         url, options = str(tmp_path / "ckpt"), {}
     elif request.param == "memory":
@@ -248,11 +260,11 @@ def _retained(request, tmp_path):
     else:
         server = request.getfixturevalue("s3_server")
         url, options = request.getfixturevalue("s3_url") + "/r", server.storage_options()
-    # the job waits near its end until 2 checkpoints exist (the final one makes 3), also under load
-    result = run_job(url, options, retained=3, checkpoints=2)
-    assert len(result.retained_checkpoints) == 3
-    job_dir = result.latest_checkpoint.rsplit("/", 1)[0]
+    job_dir = f"{url}/{template.rsplit('/', 1)[1]}"
+    fs, path = fsspec.core.url_to_fs(job_dir, **options)
+    fs.put(template, path, recursive=True)
     access = CheckpointStorageAccess(FsspecBlobStore(job_dir, options), job_dir, 0)
+    assert len(access.completed()) == 3
     return url, options, access, access.completed()
 
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ADAPTERS = ("foreach_batch", "transform_with_state", "apply_in_pandas_with_state")
-ROWS, KEYS = 2_000, 2_000
+ROWS, KEYS = 600, 600
 
 
 def main(work: str, backends: list[str], stops: int, files: int, extra: dict[str, str]) -> None:
@@ -38,7 +38,7 @@ def main(work: str, backends: list[str], stops: int, files: int, extra: dict[str
     adapters = extra.pop("adapters", ",".join(ADAPTERS)).split(",")  # not a statekit setting
     spark = local_spark(conf={
         "spark.statekit.state.changelog.materialize-every-batches": 2,
-        "spark.statekit.state.changelog.materialize-after-calls": 300,
+        "spark.statekit.state.changelog.materialize-after-calls": 100,
         **{f"spark.statekit.{k}": v for k, v in extra.items()},
     })
     pairs = [(a, b) for a in adapters for b in backends]

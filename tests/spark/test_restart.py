@@ -60,15 +60,15 @@ def check(work: Path, logs: list[str], queries: list[str]) -> None:
 
 
 def test_stops_and_a_new_driver_resume_every_adapter_exactly(tmp_path):
-    """Both backends, each adapter, default settings: two mid-stream stops, then a new driver with
-    more input must be exact (batches of 2,000 keys; snapshots every 2 batches, so the new driver
-    restores a materialized snapshot and truncated logs).  Beside them the same queries with
+    """Both backends, each adapter, default settings: a mid-stream stop (ten under ``slow``), then
+    a new driver with more input must be exact (batches of 600 keys; snapshots every 2 batches, so
+    the new driver restores a materialized snapshot and truncated logs).  Beside them the same queries with
     JobManager storage, which lives in the driver's memory: the new driver must fail them typed at
     their first batch, naming the fix, never go on from empty state.  (The allow-missing-state
     setting that starts empty on purpose: tests/runtime/test_partition.py.)"""
     backends = "hashmap,rocksdb,hashmap@jobmanager"
-    first = drive(tmp_path, backends, stops=2, files=5)
-    second = drive(tmp_path, backends, stops=0, files=7, status=3)
+    first = drive(tmp_path, backends, stops=1, files=4)
+    second = drive(tmp_path, backends, stops=0, files=6, status=3)
     for adapter in ADAPTERS:
         line = next(x for x in second.splitlines() if x.startswith(f"{adapter}-hashmap@jobmanager: "))
         assert line.startswith(f"{adapter}-hashmap@jobmanager: MissingStateError"), line
