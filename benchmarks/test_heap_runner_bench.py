@@ -1,7 +1,7 @@
 """Heap state through the local runner: the checkpoint stall, and a restart with 1 GiB of state.
 
 * ``test_runner_checkpoint_stall``: the same job (1M keys, a ValueState of longs, checkpoints every
-  300 ms) once with asynchronous and once with synchronous heap snapshots; the stall is the
+  300 ms per million keys) once with asynchronous and once with synchronous heap snapshots; the stall is the
   synchronous part the coordinator records per checkpoint (``CheckpointStats.sync_seconds``),
   taken over the checkpoints that hold every key (the median of the last three).
 * ``test_runner_restart_1gib`` (hashmap and rocksdb): a job fills 1M keys x 1100 B (>= 1 GiB of
@@ -31,6 +31,9 @@ from benchmarks._common import MIB, QUICK, STRICT, drop_tree_cache, loadavg, scr
 N = 100_000 if QUICK else 1_000_000
 #: keys of the stall test (``STATEKIT_BENCH_HEAP_KEYS`` overrides, e.g. 10_000_000)
 STALL_N = int(os.environ.get("STATEKIT_BENCH_HEAP_KEYS") or N)
+#: the stall test's checkpoint interval: 300 ms per million keys (a synchronous snapshot of 10M
+#: keys takes seconds; at 300 ms the synchronous run would mostly snapshot)
+STALL_INTERVAL_MS = 300 * max(1, STALL_N // 1_000_000)
 VALUE_BYTES = 1100
 _POOL = os.urandom(8 * MIB)
 
@@ -107,7 +110,8 @@ def test_runner_checkpoint_stall(benchmark: Any) -> None:
         def both() -> None:
             for name, asynchronous in (("sync", False), ("async", True)):
                 t0 = time.perf_counter()
-                res = _run(_conf(root / name, asynchronous), elements, _counter())
+                res = _run(_conf(root / name, asynchronous, interval_ms=STALL_INTERVAL_MS), elements,
+                           _counter())
                 results[name] = (_stall(res.checkpoint_stats), time.perf_counter() - t0)
 
         benchmark.pedantic(both, rounds=1, iterations=1)

@@ -90,9 +90,10 @@ class CheckpointStreams:
         """Store the concatenation of ``parts`` (chunks the caller produces lazily); returns the
         handle, as :meth:`write` of the joined bytes, and ``[offset, length, crc]`` per part.
 
-        A helper thread checksums and writes each part while the caller produces the next (CRC-32
-        and file writes release the GIL), so the file is never held in memory whole; the file's
-        CRC is combined from the parts'.  A result under ``inline_threshold`` becomes inline.
+        The caller's thread checksums each part it produces and a helper thread writes it while
+        the next is produced (CRC-32 and file writes release the GIL, so the two overlap), so the
+        file is never held in memory whole; the file's CRC is combined from the parts'.  A result
+        under ``inline_threshold`` becomes inline.
         """
         it = iter(parts)
         head: list[bytes] = []
@@ -113,11 +114,12 @@ class CheckpointStreams:
 
         def consume() -> Iterator[bytes]:
             offset = 0
-            while (part := feed.get()) is not None:
-                if isinstance(part, BaseException):
+            while (item := feed.get()) is not None:
+                if isinstance(item, BaseException):
                     ended_seen.append(True)
-                    raise part
-                locs.append(locate(part, offset))
+                    raise item
+                part, crc = item
+                locs.append([offset, len(part), crc])
                 offset += len(part)
                 yield part
             ended_seen.append(True)
@@ -136,13 +138,13 @@ class CheckpointStreams:
         ended: BaseException | None = None
         try:
             for part in head:
-                feed.put(part)
+                feed.put((part, zlib.crc32(part)))
             for part in it:
                 if failed:
                     break
                 total += len(part)
                 self._check(total, state_name)
-                feed.put(part)
+                feed.put((part, zlib.crc32(part)))
         except BaseException as exc:
             ended = exc
         feed.put(ended)

@@ -99,7 +99,7 @@ class HashMapStateBackend(StateBackend):
         return self._mode or check_snapshot_mode(DEFAULT_SNAPSHOT_MODE)
 
     def get_snapshot_pace(self) -> float:
-        """Seconds the transfer thread sleeps per second of serialization (thread mode, default 1):
+        """Seconds the transfer thread sleeps per second of serialization (thread mode, default 4):
         higher keeps more GIL for processing and makes the asynchronous part longer."""
         return float(default(_PACE_KEY) if self._pace is None else self._pace)
 

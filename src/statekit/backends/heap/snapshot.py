@@ -12,6 +12,7 @@ serializing its frozen copy of memory (``fork``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -32,7 +33,6 @@ from statekit.backends.kvformat import (
     kv_handle,
     plain_parts,
     reader_parts,
-    slice_reader,
     write_plain_entry,
 )
 from statekit.checkpoint import schema
@@ -118,19 +118,38 @@ class _Pacer:
 # --- what a snapshot writes per state ----------------------------------------------------------------
 
 
-class _Lists:
-    """A table's entries copied out of the live dict: parallel key and value lists."""
+class _Slices:
+    """A table's entries copied out of the live dict: ``(keys, values)`` slices, handed to the
+    writer as they are when a part takes a whole slice (no further copy) and released once read."""
 
-    __slots__ = ("keys", "values")
+    __slots__ = ("slices",)
 
-    def __init__(self, keys: list[Any], values: list[Any]) -> None:
-        self.keys, self.values = keys, values
+    def __init__(self, slices: list[tuple[list[Any], list[Any]]]) -> None:
+        self.slices = slices
 
     def reader(self) -> Any:
-        return slice_reader(self.keys, self.values)
+        slices = self.slices
+        at = [0, 0]  # slice, offset
+
+        def take(count: int) -> tuple[list[Any], list[Any]] | None:
+            n, offset = at
+            if n >= len(slices):
+                return None
+            ks, vs = slices[n]
+            if offset == 0 and count >= len(ks):
+                slices[n] = ([], [])  # read: its memory goes with the part
+                at[0] = n + 1
+                return ks, vs
+            end = offset + count
+            at[:] = [n + 1, 0] if end >= len(ks) else [n, end]
+            if end >= len(ks):
+                slices[n] = ([], [])
+            return ks[offset:end], vs[offset:end]
+
+        return take
 
     def items(self) -> Iterable[tuple[Any, Any]]:
-        return zip(self.keys, self.values, strict=True)
+        return itertools.chain.from_iterable(zip(ks, vs, strict=True) for ks, vs in self.slices)
 
 
 def _view_reader(view: Any) -> Any:
@@ -229,7 +248,7 @@ class HeapSnapshotStrategy:
         for table, view in self.views:
             if isinstance(view, Capture) and table.immutable:
                 if self.materialize:  # unpaced: the window stays short
-                    view = _Lists(*view.copy_out())
+                    view = _Slices(view.copy_out())
                 else:  # a changelog: the changed keys' values only (None: removed)
                     view = view.values_of(self.changed[table.meta.name])
             out.append((table, view))

@@ -60,9 +60,10 @@ class Capture:
             return {}
         return dict(reversed(log[self.log_start:]))  # the first logged value of each key wins
 
-    def copy_out(self, count: int = COPY_SLICE) -> tuple[list[Any], list[Any]]:
-        """The captured entries as two private lists; releases the capture.  The live dict is
-        read ``count`` entries per slice (a few C-level passes each: the GIL is held briefly)."""
+    def copy_out(self, count: int = COPY_SLICE) -> list[tuple[list[Any], list[Any]]]:
+        """The captured entries as private ``(keys, values)`` slices; releases the capture.  The
+        live dict is read ``count`` entries per slice (a few C-level passes each: the GIL is held
+        briefly); the slices are kept as they are (no second copy into one list)."""
         table = self.table
         data = table.data
         keys_it, values_it = iter(data), iter(data.values())  # aligned: the size never changes
@@ -71,19 +72,19 @@ class Capture:
             slices.append((ks, list(islice(values_it, len(ks)))))
         table.release(self)
         fix = self._corrections()
-        keys: list[Any] = []
-        values: list[Any] = []
+        # None: removed since (the first logged value) or a tombstone at capture
+        drop = self.tombs or None in fix.values()
+        out = []
         for ks, vs in slices:
             if fix:
                 vs = list(map(fix.get, ks, vs))
-            if fix or self.tombs:  # None: removed since (the first logged value) or before
+            if drop:
                 ks, vs = _without_none(ks, vs)
-            keys += ks
-            values += vs
+            if ks:
+                out.append((ks, vs))
         if self.extra:
-            keys += self.extra
-            values += self.extra.values()
-        return keys, values
+            out.append((list(self.extra), list(self.extra.values())))
+        return out
 
     def values_of(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """Key -> value at capture (None: absent) of ``keys``; releases the capture."""
