@@ -17,7 +17,7 @@ def spark_no_reuse():
 @pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state",
                                      "apply_in_pandas_with_state"])
 def test_no_worker_reuse(spark_no_reuse, tmp_path, adapter):
-    frame = write_inputs(str(tmp_path / "in"), 0, 3)
+    frame = write_inputs(str(tmp_path / "in"), 0, 2)  # batch 1 fails (task and sink) and re-runs
     sink = Outputs(fail_batch=1)
     run_until_done(spark_no_reuse, adapter, RunningCount(fail=True), str(tmp_path / "in"),
                    str(tmp_path / "q"), sink,
