@@ -102,7 +102,7 @@ def crash_campaign(medium: Medium, points: int, seed: int) -> dict[str, int]:
     # a loaded machine): every point when there are fewer than asked for
     population = range(1, max(2, int(total_ops * 0.95)))
     kill_points = sorted(rng.sample(population, min(points, len(population))))
-    totals = {"points": points, "total_ops": total_ops, "killed": 0, "restored": 0,
+    totals = {"points": len(kill_points), "total_ops": total_ops, "killed": 0, "restored": 0,
               "orphans": 0, "lost": 0, "duplicated": 0}
     killed_at: list[int] = []
     for n, k in enumerate(kill_points):
@@ -133,11 +133,11 @@ def medium(request, tmp_path):
 
 def test_crash_at_random_points(medium):
     totals = crash_campaign(medium, points=8, seed=6)  # 50 under slow
-    assert totals["killed"] == 8
+    assert totals["killed"] == totals["points"] >= min(8, totals["total_ops"] // 2)
     assert totals["lost"] == totals["duplicated"] == 0
 
 
 @pytest.mark.slow
 def test_crash_at_50_random_points(medium):
-    totals = crash_campaign(medium, points=50, seed=66)
-    assert totals["killed"] == 50
+    totals = crash_campaign(medium, points=50, seed=66)  # every operation when there are fewer
+    assert totals["killed"] == totals["points"] >= min(50, totals["total_ops"] // 2)

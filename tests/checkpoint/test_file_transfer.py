@@ -13,7 +13,7 @@ import pytest
 
 from statekit.checkpoint.blobstore import FsspecBlobStore, MemoryBlobStore, set_operation_hook
 from statekit.checkpoint.blobstore import local as local_store_module
-from statekit.checkpoint.checksum import crc32_combine, file_crc
+from statekit.checkpoint.checksum import crc32, crc32_combine, file_crc
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.checkpoint.streams import CheckpointStreams
@@ -455,6 +455,15 @@ def test_write_parts_limits():
 def test_crc32_combine(sizes):
     a, b = os.urandom(sizes[0]), os.urandom(sizes[1])
     assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 63, 4097, 3 * 10**6 + 7])
+def test_crc32_is_zlibs(size):
+    """Checkpoints written with zlib's CRC-32 verify with the faster one, and the other way."""
+    data = os.urandom(size)
+    assert crc32(data) == zlib.crc32(data)
+    assert crc32(data, 0x12345678) == zlib.crc32(data, 0x12345678)
+    assert crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
 
 
 # --- the RocksDB backend on the file path ---------------------------------------------------------

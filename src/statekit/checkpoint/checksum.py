@@ -1,8 +1,10 @@
 """CRC-32 for checkpoint files and parts: streamed over local files, alongside a copy, and
 combined from the CRCs of consecutive parts without a second pass over the data.
 
-CRC-32 (zlib) runs at about 2.2 GB/s here and releases the GIL; SHA-256 ran at 1.4 GB/s and
-would cap checkpoint throughput below the disk's.
+CRC-32 comes from ISA-L (``isal``): the same checksum as zlib's, computed with carry-less
+multiplication at about 14 GB/s here against zlib's 4 GB/s, and it releases the GIL.  A restore
+checks every byte it reads, so a slower CRC showed up directly next to the disk's throughput;
+SHA-256 (1.4 GB/s) would cap it below the disk's.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from isal.isal_zlib import crc32
 
 #: one reused, cache-sized buffer: each chunk is checksummed while still in the CPU cache
 _CRC_CHUNK = 1024 * 1024
@@ -61,7 +64,7 @@ def file_crc(local_path: str | os.PathLike[str]) -> tuple[int, int]:
         view = memoryview(buf)
         crc = total = 0
         while got := fh.readinto(buf):
-            crc = zlib.crc32(view[:got], crc)
+            crc = crc32(view[:got], crc)
             total += got
         return crc, total
 
@@ -69,7 +72,7 @@ def file_crc(local_path: str | os.PathLike[str]) -> tuple[int, int]:
 
 def locate(part: bytes | memoryview, offset: int) -> list[int]:
     """``[offset, length, crc32]`` of one part stored at ``offset``."""
-    return [offset, len(part), zlib.crc32(part)]
+    return [offset, len(part), crc32(part)]
 
 
 def part_locations(parts: Iterable[bytes | memoryview], offset: int = 0) -> list[list[int]]:

@@ -7,9 +7,9 @@ everything before it (u32).  A reader checks each of these before trusting the b
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import Any
 
+from statekit.checkpoint.checksum import crc32
 from statekit.checkpoint.schema import check_metadata
 from statekit.errors import (
     ChecksumMismatchError,
@@ -29,7 +29,7 @@ _TRAILER = struct.Struct(">I")
 def encode_metadata(body: dict[str, Any]) -> bytes:
     payload = packb(body)
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload)) + payload
-    return head + _TRAILER.pack(zlib.crc32(head))
+    return head + _TRAILER.pack(crc32(head))
 
 
 def decode_metadata(data: bytes, where: str = "_metadata", checkpoint_id: int | None = None
@@ -50,7 +50,7 @@ def decode_metadata(data: bytes, where: str = "_metadata", checkpoint_id: int | 
     if len(data) != expected:
         raise TruncatedCheckpointError(f"{where}: {len(data)} bytes, header says {expected}")
     (crc,) = _TRAILER.unpack_from(data, expected - _TRAILER.size)
-    if zlib.crc32(data[: expected - _TRAILER.size]) != crc:
+    if crc32(data[: expected - _TRAILER.size]) != crc:
         raise ChecksumMismatchError(f"{where}: checksum mismatch")
     try:
         body = unpackb(data[_HEADER.size : _HEADER.size + length])

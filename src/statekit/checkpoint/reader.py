@@ -12,12 +12,11 @@ import contextlib
 import os
 import queue
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from statekit.checkpoint.blobstore.base import BlobStore, check_key, write_local_file
-from statekit.checkpoint.checksum import combined_crc, file_crc
+from statekit.checkpoint.checksum import combined_crc, crc32, file_crc
 from statekit.errors import (
     ChecksumMismatchError,
     CorruptCheckpointError,
@@ -71,7 +70,7 @@ class StateReader:
                 ranges = [(start, length) for start, length, _ in spans]
                 for data, (_, length, parts) in zip(self.store.get_ranges(path, ranges, into),
                                                     spans, strict=False):
-                    intact = len(data) == length and zlib.crc32(data) == combined_crc(parts)
+                    intact = len(data) == length and crc32(data) == combined_crc(parts)
                     ahead.put((data, intact))
                 ahead.put(None)
             except _Stopped:
@@ -141,7 +140,7 @@ class StateReader:
         crc = seen = 0
         spans = self.store.get_ranges(path, ranges) if ranges else [self.store.get(path)]
         for data in spans:
-            crc, seen = zlib.crc32(data, crc), seen + len(data)
+            crc, seen = crc32(data, crc), seen + len(data)
             if progress is not None:
                 progress(len(data))
         if seen != size:
@@ -190,7 +189,7 @@ def _verified(where: str, data: _Data, offset: int, length: int | None, crc: int
         raise TruncatedCheckpointError(
             f"{where}: chunk at {offset} is short ({len(data)} of {length} bytes)"
         )
-    if crc is not None and zlib.crc32(data) != crc:
+    if crc is not None and crc32(data) != crc:
         raise ChecksumMismatchError(f"{where}: checksum mismatch")
     return data
 

@@ -12,13 +12,13 @@ import queue
 import re
 import threading
 import uuid
-import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.checksum import (  # noqa: F401 (crc32_combine, file_crc: importable here)
     combined_crc,
+    crc32,
     crc32_combine,
     crc_while_copying,
     file_crc,
@@ -138,13 +138,13 @@ class CheckpointStreams:
         ended: BaseException | None = None
         try:
             for part in head:
-                feed.put((part, zlib.crc32(part)))
+                feed.put((part, crc32(part)))
             for part in it:
                 if failed:
                     break
                 total += len(part)
                 self._check(total, state_name)
-                feed.put((part, zlib.crc32(part)))
+                feed.put((part, crc32(part)))
         except BaseException as exc:
             ended = exc
         feed.put(ended)
@@ -160,7 +160,7 @@ class CheckpointStreams:
         """Store ``data`` and return its handle; ``shared_name`` asks for a reusable shared file."""
         size = len(data)
         self._check(size, state_name)
-        crc = zlib.crc32(data)
+        crc = crc32(data)
         if shared_name is None and size < self.inline_threshold:
             with self._lock:
                 self.bytes_written += size
