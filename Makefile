@@ -22,7 +22,7 @@ test: $(STAMP)  ## the default test run (heavier tests are marked slow)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q -p no:cacheprovider --timeout=3600
 
-test-cluster: $(STAMP)  ## Spark standalone cluster tests (Workers in network namespaces as root; ~2-3 min)
+test-cluster: $(STAMP)  ## Spark standalone cluster tests (Workers in network namespaces as root; ~6-15 min)
 	$(PY) -m pytest -m cluster -q -p no:cacheprovider --timeout=900 --durations=0 -rA
 
 lint: $(STAMP)
