@@ -117,3 +117,21 @@ def test_pyspark_worker_still_builds_the_chunks_it_is_read_for():
     found = {(c.co_qualname, c.co_names) for c in walk(code)}
     assert ("read_udfs.<locals>.apply_udf_to_group.<locals>.<genexpr>", ("concat",)) in found
     assert ("read_udfs.<locals>.transform_with_state_func.<locals>.<genexpr>", ("iloc",)) in found
+
+
+def test_transform_with_state_tasks_send_no_implicit_keys():
+    """The installed PySpark's handle still holds the client whose per-key ``set_implicit_key``
+    (a socket round trip to the JVM) the adapter's processor replaces; the other client methods
+    stay PySpark's own."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle
+    from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
+
+    from statekit.spark.adapters import _skip_implicit_keys
+
+    client = object.__new__(StatefulProcessorApiClient)  # no JVM socket: any request would fail
+    with pytest.raises(AttributeError):
+        client.set_implicit_key(("k1",))
+    _skip_implicit_keys(StatefulProcessorHandle(client))
+    assert client.set_implicit_key(("k1",)) is None
+    assert type(client).set_implicit_key is StatefulProcessorApiClient.set_implicit_key
+    _skip_implicit_keys(object())  # another PySpark's handle: left as it is
