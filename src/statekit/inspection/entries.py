@@ -122,8 +122,9 @@ def _kv_entry(source: PartitionSource, name: str, entry: dict[str, Any], rng: Ke
     if entry.get("encoding") == "plain":
         lengths = [int(loc[1]) for loc in entry.get("parts", [])]
         for n, (keys, values) in enumerate(read_plain_entry(name, entry, reader)):
-            if not whole:
-                keys, values = plain_in_range(keys, values, rng, source.max_parallelism)
+            if not whole:  # a part holds any of the partition's key groups, in any order
+                keys, values = plain_in_range(name, keys, values, source.key_groups, rng,
+                                              source.max_parallelism)
             if skip:
                 kept = [i for i, key in enumerate(keys) if packb(key) not in skip]
                 keys, values = [keys[i] for i in kept], [values[i] for i in kept]
