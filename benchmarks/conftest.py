@@ -1,12 +1,26 @@
-"""Benchmark-wide settings: machine description recorded into the pytest-benchmark JSON."""
+"""Benchmark-wide settings: a private temporary directory, and the machine description recorded
+into the pytest-benchmark JSON."""
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
+import tempfile
 from typing import Any
 
 from benchmarks._common import QUICK, loadavg
+
+# Nothing left behind: the session (pytest's own tmp_path directories, Spark's Python workers,
+# the export's child processes) works in a private temporary directory on the same disk, removed
+# when the session ends.
+_TMP = tempfile.mkdtemp(prefix="statekit-bench-session-")
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = _TMP
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 def _meminfo_gib() -> float | None:

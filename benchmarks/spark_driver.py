@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,14 +112,25 @@ def make_spark(conf: dict[str, Any] | None = None) -> Any:
 
 
 def stop_spark(spark: Any) -> None:
-    """Stop the session and make sure its gateway JVM (started by this process) is gone."""
-    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    """Stop the session and end its gateway JVM (started by this process) as a driver's exit does:
+    the JVM leaves when its stdin closes, running Spark's shutdown hooks, which remove its
+    temporary directories and unpacked native libraries (a killed JVM leaves them in /tmp)."""
+    from pyspark import SparkContext
+
+    gateway = spark.sparkContext._gateway
+    proc = getattr(gateway, "proc", None)
     spark.stop()
-    if proc is not None:
-        try:
-            proc.wait(timeout=30)
-        except Exception:
-            proc.kill()
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    gateway.close()
+    SparkContext._gateway = SparkContext._jvm = None  # a later session launches a new JVM
 
 
 # --- inputs ---------------------------------------------------------------------------------------
