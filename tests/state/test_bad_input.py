@@ -67,6 +67,14 @@ def test_wrong_types_are_rejected_with_the_state_name(backend):
     with pytest.raises(StateTypeError, match="'table'"):
         table.put("b", "not a long")
     assert dict(table.items()) == {"a": 1}
+    ints = backend.get_partitioned_state(MapStateDescriptor("ints", Types.INT(), Types.INT()))
+    ints.put(1, 2)
+    for bad_key, bad_value in ((2**40, 1), (1, 2**40), (-(2**31) - 1, 1), (True, 1), (1, False),
+                               (1.0, 1), (1, 1.5), (None, 1)):
+        with pytest.raises(StateTypeError, match="'ints'"):
+            ints.put(bad_key, bad_value)
+    ints.put(2**31 - 1, -(2**31))  # the bounds themselves
+    assert dict(ints.items()) == {1: 2, 2**31 - 1: -(2**31)}
 
 
 def test_oversized_values_and_keys_are_rejected(backend):

@@ -170,7 +170,8 @@ class RocksDBListState(RocksState, ListState):
 class RocksDBMapState(RocksState, MapState):
     """Map state: one entry per user key under the key's prefix; iteration is a prefix scan."""
 
-    __slots__ = ("_kde", "_kser", "_ukey")
+    __slots__ = ("_kde", "_kexact", "_khigh", "_klow", "_kser", "_ukey", "_vexact", "_vhigh",
+                 "_vlow")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, cf: Rdict, meta: StateMeta,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
@@ -178,6 +179,9 @@ class RocksDBMapState(RocksState, MapState):
         self._ukey = user_key
         self._kser = packb if user_key.identity else user_key.serialize
         self._kde = unpackb if user_key.identity else user_key.deserialize
+        # user keys and values of exactly these types (within the bounds) need no check call
+        self._kexact, self._klow, self._khigh = user_key.exact_type()
+        self._vexact, self._vlow, self._vhigh = element.exact_type()
 
     def _value_bytes(self, value: Any) -> bytes:
         return b"" if value is None else self._ser(value)
@@ -187,11 +191,19 @@ class RocksDBMapState(RocksState, MapState):
         return None if not data else self._de(data)
 
     def put(self, key: Any, value: Any) -> None:
-        prefix = self._prefix()
-        check_value(self._ukey, key, self._name)
-        if value is not None:
+        prefix = self._b._prefix  # inlined checks: this is the hot path of map writes
+        if prefix is None:
+            raise self._b.no_key(self._name)
+        if type(key) is not self._kexact or (
+                self._klow is not None and not self._klow <= key <= self._khigh):
+            check_value(self._ukey, key, self._name)
+        if value is None:
+            self._put(prefix + self._kser(key), b"")
+            return
+        if type(value) is not self._vexact or (
+                self._vlow is not None and not self._vlow <= value <= self._vhigh):
             check_value(self._check, value, self._name)
-        self._put(prefix + self._kser(key), self._value_bytes(value))
+        self._put(prefix + self._kser(key), self._ser(value))
 
     def put_all(self, dict_value: dict[Any, Any]) -> None:
         prefix = self._prefix()
