@@ -1,4 +1,4 @@
-"""Durations with PyFlink's names: :class:`Time` and :func:`to_millis`.
+"""Durations with PyFlink's names: :class:`Time`, :class:`Duration` and :func:`to_millis`.
 
 Checkpoint settings, restart strategies and state TTL all take durations, so they live on the
 ground floor where every layer can reach them.
@@ -53,6 +53,49 @@ class Time:
 
     def __repr__(self) -> str:
         return f"Time.milliseconds({self._ms})"
+
+
+class Duration:
+    """A duration with PyFlink's ``pyflink.common.Duration`` names (``Duration.of_seconds(5)``)."""
+
+    def __init__(self, milliseconds: int) -> None:
+        self._ms = to_millis(milliseconds, "Duration", minimum=0)
+
+    @staticmethod
+    def of_millis(millis: float) -> Duration:
+        return Duration(_finite(millis, "Duration"))
+
+    @staticmethod
+    def of_seconds(seconds: float) -> Duration:
+        return Duration(_finite(seconds, "Duration") * 1000)
+
+    @staticmethod
+    def of_minutes(minutes: float) -> Duration:
+        return Duration(_finite(minutes, "Duration") * 60_000)
+
+    @staticmethod
+    def of_hours(hours: float) -> Duration:
+        return Duration(_finite(hours, "Duration") * 3_600_000)
+
+    @staticmethod
+    def of_days(days: float) -> Duration:
+        return Duration(_finite(days, "Duration") * 86_400_000)
+
+    @staticmethod
+    def of_nanos(nanos: int) -> Duration:
+        return Duration(_finite(nanos, "Duration") // 1_000_000)
+
+    def to_milliseconds(self) -> int:
+        return self._ms
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Duration) and other._ms == self._ms
+
+    def __hash__(self) -> int:
+        return hash(self._ms)
+
+    def __repr__(self) -> str:
+        return f"Duration.of_millis({self._ms})"
 
 
 def _finite(n: Any, key: str) -> float:

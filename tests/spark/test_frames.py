@@ -126,12 +126,27 @@ def test_transform_with_state_tasks_send_no_implicit_keys():
     from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle
     from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 
-    from statekit.spark.adapters import _skip_implicit_keys
+    from statekit.spark.adapters import _patch_client
 
     client = object.__new__(StatefulProcessorApiClient)  # no JVM socket: any request would fail
     with pytest.raises(AttributeError):
         client.set_implicit_key(("k1",))
-    _skip_implicit_keys(StatefulProcessorHandle(client))
+    _patch_client(StatefulProcessorHandle(client), None, "None")
     assert client.set_implicit_key(("k1",)) is None
     assert type(client).set_implicit_key is StatefulProcessorApiClient.set_implicit_key
-    _skip_implicit_keys(object())  # another PySpark's handle: left as it is
+    _patch_client(object(), None, "None")  # another PySpark's handle: left as it is
+
+
+def test_transform_with_state_timer_phase_asks_the_client():
+    """The installed PySpark's timer phase takes expired timers from the client's
+    ``get_expiry_timers_iterator`` and ends on StopIteration, and removes each with
+    ``delete_timer``: what the adapter's patched client answers with statekit's own timers."""
+    import inspect
+
+    from pyspark.sql.streaming import stateful_processor_util as util
+    from pyspark.sql.streaming.stateful_processor_api_client import ExpiredTimerIterator
+
+    phase = inspect.getsource(util.TransformWithStateInPandasUdfUtils._handle_expired_timers)
+    assert "ExpiredTimerIterator(" in phase and "delete_timer(" in phase
+    assert "get_timestamps(" in phase and "handleExpiredTimer(" in phase
+    assert "get_expiry_timers_iterator(" in inspect.getsource(ExpiredTimerIterator.__next__)

@@ -31,7 +31,12 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
     write_plain_entry,
 )
 from statekit.config import Configurable
-from statekit.errors import NoKeyContextError, PickleNotAllowedError, StateNameClashError
+from statekit.errors import (
+    NoKeyContextError,
+    PickleNotAllowedError,
+    StateError,
+    StateNameClashError,
+)
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.keys import as_key_serializer
 from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
@@ -47,6 +52,7 @@ from statekit.state.limits import DEFAULT_MAX_SIZE, limit_state
 from statekit.state.ttl import TtlListState, TtlMapState, TtlPolicy, TtlSerializer, TtlValueState
 
 if TYPE_CHECKING:
+    from statekit.backends.timers import TimerQueue
     from statekit.checkpoint.base import CheckpointStorage
     from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
@@ -160,6 +166,8 @@ class KeyedStateBackend(ABC):
         #: wraps each backend-level value/list/map state before TTL and the other layers, e.g.
         #: to record changes (the applyInPandasWithState adapter carries them in GroupState)
         self.state_interceptor: Callable[[StateMeta, State], State] | None = None
+        #: wraps each timer queue when it is created, as ``state_interceptor`` wraps states
+        self.timer_interceptor: Callable[[TimerQueue], TimerQueue] | None = None
         self._states: dict[str, tuple[StateDescriptor, State]] = {}
         self._restored_layouts: dict[str, list[Any]] = {}
 
@@ -263,6 +271,14 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def _create_state(self, meta: StateMeta) -> State:
         """A ValueState / ListState / MapState (by ``meta.kind``) over this backend's storage."""
+
+    # --- timers ------------------------------------------------------------------------------------
+
+    def timer_queue(self, name: str, create: bool = True) -> TimerQueue | None:
+        """The timer queue ``name``: a set of ``(key, timestamp)`` timers ordered by time,
+        snapshotted with the keyed state.  Created on first use (after any restore) when
+        ``create``; otherwise None unless it exists or was restored."""
+        raise StateError(f"the {self.backend_name} backend keeps no timers")
 
     # --- snapshots ---------------------------------------------------------------------------------
 

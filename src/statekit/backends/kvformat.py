@@ -88,7 +88,8 @@ def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> 
 
 # --- the schema pass over handles ------------------------------------------------------------------
 
-STATE_KINDS = ("value", "list", "map")
+#: entry kinds: the three stored state kinds, and timer queues (a sorted list of timestamps per key)
+STATE_KINDS = ("value", "list", "map", "timers")
 
 
 def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:

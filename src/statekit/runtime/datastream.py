@@ -10,21 +10,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from statekit.errors import ConfigTypeError
 from statekit.runtime.functions import (
     FlatMapFunction,
+    Function,
     KeyedProcessFunction,
     MapFunction,
     RuntimeContext,
 )
 from statekit.runtime.job import CollectResult, LocalJob
+from statekit.runtime.watermarks import WatermarkStrategy
 from statekit.serde.types import TypeInformation
 
 
 class DataStream:
     """A stream from a replayable collection, with stateless transformations before ``key_by``."""
 
-    def __init__(self, env: Any, source: list[Any], transforms: list[Callable[[Any], Iterable[Any]]]
-                 ) -> None:
+    def __init__(self, env: Any, source: list[Any],
+                 transforms: list[Callable[[Any], Iterable[Any]] | WatermarkStrategy]) -> None:
         self._env = env
         self._source = source
         self._transforms = transforms
@@ -40,6 +43,16 @@ class DataStream:
 
     def flat_map(self, func: Callable[[Any], Iterable[Any] | None]) -> DataStream:
         return self._with(lambda v: func(v) or ())
+
+    def assign_timestamps_and_watermarks(self, watermark_strategy: WatermarkStrategy
+                                         ) -> DataStream:
+        """Give each element an event-time timestamp and the stream watermarks (checked here: a
+        strategy without a timestamp assigner is refused, the collection has no timestamps)."""
+        if not isinstance(watermark_strategy, WatermarkStrategy):
+            raise ConfigTypeError("watermark_strategy", "expected a WatermarkStrategy, got "
+                                  f"{type(watermark_strategy).__name__}")
+        watermark_strategy.create_generator()  # refuses a strategy that cannot assign timestamps
+        return DataStream(self._env, self._source, [*self._transforms, watermark_strategy])
 
     def key_by(self, key_selector: Callable[[Any], Any], key_type: TypeInformation | None = None
                ) -> KeyedStream:
@@ -77,14 +90,18 @@ class ProcessedStream:
         self._env = keyed._upstream._env
 
     def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None,
-                            *, savepoint_dir: str | None = None) -> CollectResult:
+                            *, savepoint_dir: str | None = None, drain: bool = False
+                            ) -> CollectResult:
         """Run the job and return its (exactly-once) outputs.
 
         ``limit`` stops (cancels) the job once at least that many outputs are committed (all
         committed outputs are returned, since the checkpoints hold their state);
-        ``savepoint_dir`` takes a savepoint when the job stops.
+        ``savepoint_dir`` stops the job with a savepoint when it reaches the end of its input.
+        The end of bounded input moves the watermark to the maximum (every event-time timer
+        fires); a stop with a savepoint does not, unless ``drain`` (Flink's ``stop --drain``):
+        pending timers stay in the savepoint and fire after the resume.
         """
-        job = LocalJob(self, job_execution_name, limit, savepoint_dir, sink=None)
+        job = LocalJob(self, job_execution_name, limit, savepoint_dir, sink=None, drain=drain)
         return job.run()
 
     def add_sink(self, sink: Callable[[Any], None]) -> ProcessedStream:
@@ -94,18 +111,21 @@ class ProcessedStream:
 
 
 class _MapAdapter(KeyedProcessFunction):
-    def __init__(self, func: MapFunction | Callable[[Any], Any]) -> None:
+    """A map (or flat map) function or callable run as the keyed function; a rich function's
+    ``open`` and ``close`` run as the keyed function's do."""
+
+    def __init__(self, func: MapFunction | FlatMapFunction | Callable[[Any], Any]) -> None:
         self.func = func
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        if isinstance(self.func, MapFunction):
+        if isinstance(self.func, Function):
             self.func.open(runtime_context)
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Iterable[Any]:
-        return (self.func.map(value) if isinstance(self.func, MapFunction) else self.func(value),)
+        return (self.func.map(value) if isinstance(self.func, MapFunction) else self.func(value),)  # type: ignore[operator]
 
     def close(self) -> None:
-        if isinstance(self.func, MapFunction):
+        if isinstance(self.func, Function):
             self.func.close()
 
 

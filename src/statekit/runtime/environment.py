@@ -24,6 +24,7 @@ from statekit.registry import backend_registry
 from statekit.runtime.datastream import DataStream, ProcessedStream
 from statekit.runtime.job import CollectResult, run_sinks
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
+from statekit.runtime.timers import wall_clock_ms
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
 from statekit.serde.types import TypeInformation
 from statekit.values import checked_int
@@ -42,6 +43,7 @@ class StreamExecutionEnvironment:
         self._restart: RestartStrategyConfiguration | None = None
         self._savepoint_dir: str | None = None
         self._config: dict[str, Any] = {}
+        self._clock: Callable[[], int] = wall_clock_ms
         self._sinks: list[tuple[ProcessedStream, Callable[[Any], None]]] = []
 
     @staticmethod
@@ -178,6 +180,20 @@ class StreamExecutionEnvironment:
         if self._checkpoint_config.is_checkpointing_enabled():
             return DEFAULT_RESTART
         return RestartStrategies.no_restart()
+
+    # --- time --------------------------------------------------------------------------------------
+
+    def set_processing_time_clock(self, clock: Callable[[], int]) -> StreamExecutionEnvironment:
+        """The clock processing-time timers and ``current_processing_time()`` read (epoch
+        milliseconds; default: the machine's clock).  A statekit extension: tests drive it
+        (``statekit.testing.ManualClock``) to make processing time deterministic."""
+        if not callable(clock):
+            raise ConfigError("clock", f"expected a function returning milliseconds, got {clock!r}")
+        self._clock = clock
+        return self
+
+    def get_processing_time_clock(self) -> Callable[[], int]:
+        return self._clock
 
     # --- sources and execution ---------------------------------------------------------------------
 

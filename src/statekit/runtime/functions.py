@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from statekit.backends.base import KeyedStateBackend
 from statekit.errors import StateError
-from statekit.serde.types import Types
+from statekit.runtime.timers import TimeDomain, TimerService
 from statekit.state.api import (
     AggregatingState,
     ListState,
@@ -60,6 +60,17 @@ class RuntimeContext:
     def get_job_parameter(self, key: str, default_value: Any = None) -> Any:
         return self._job_parameters.get(key, default_value)
 
+    def get_task_name_with_subtasks(self) -> str:
+        """The task name with its subtask (Flink's ``name (index+1/parallelism)#attempt``)."""
+        total = self._parallelism if self._parallelism > 0 else "?"
+        return f"{self._task_name} ({self._index + 1}/{total})#{self._attempt}"
+
+    def begin_attempt(self, attempt: int, **job_parameters: Any) -> None:
+        """A kept function runs a new task attempt (on Spark, the next micro-batch): its
+        attempt number and per-attempt parameters (``batch_id``) change."""
+        self._attempt = attempt
+        self._job_parameters.update(job_parameters)
+
     def get_state(self, state_descriptor: ValueStateDescriptor) -> ValueState:
         return self._backend.get_partitioned_state(state_descriptor)  # type: ignore[return-value]
 
@@ -88,10 +99,12 @@ class Function:
 
 
 class KeyedProcessFunction(Function, ABC):
-    """Processes each element of a keyed stream with access to the key's state."""
+    """Processes each element of a keyed stream with access to the key's state and timers."""
 
     class Context:
-        """Per-element context: the current key, and timers where the engine offers them."""
+        """Per-element context: the current key, the element's timestamp, timers and time."""
+
+        __slots__ = ("_backend", "_timers", "_timestamp")
 
         def __init__(self, backend: KeyedStateBackend, timers: TimerService | None = None) -> None:
             self._backend = backend
@@ -102,23 +115,27 @@ class KeyedProcessFunction(Function, ABC):
             return self._backend.get_current_key()
 
         def timestamp(self) -> int | None:
+            """The element's event-time timestamp (None without one); in ``on_timer`` the timer's."""
             return self._timestamp
 
         def timer_service(self) -> TimerService:
+            """Timers of the current key, the processing time and the watermark."""
             if self._timers is None:
-                raise StateError("timers are available in the applyInPandasWithState adapter "
-                                 "(GroupStateTimeout); this engine has no timer service")
+                raise StateError("this engine has no timer service here")
             return self._timers
 
     class OnTimerContext(Context):
         """Context of ``on_timer``: which time domain fired."""
 
-        def __init__(self, backend: KeyedStateBackend, timers: TimerService, domain: str) -> None:
+        __slots__ = ("_domain",)
+
+        def __init__(self, backend: KeyedStateBackend, timers: TimerService | None = None,
+                     domain: TimeDomain = TimeDomain.EVENT_TIME) -> None:
             super().__init__(backend, timers)
             self._domain = domain
 
-        def time_domain(self) -> str:
-            """``"EVENT_TIME"`` or ``"PROCESSING_TIME"``."""
+        def time_domain(self) -> TimeDomain:
+            """``TimeDomain.EVENT_TIME`` or ``TimeDomain.PROCESSING_TIME``."""
             return self._domain
 
     @abstractmethod
@@ -128,52 +145,8 @@ class KeyedProcessFunction(Function, ABC):
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext
                  ) -> Iterable[Any] | None:
-        """Called when a timer registered for the current key fires."""
+        """Called when a timer registered for the current key fires; yields output elements."""
         return None
-
-
-class TimerService:
-    """Per-key timers kept in keyed state (so they are checkpointed with it)."""
-
-    EVENT_TIME = "EVENT_TIME"
-    PROCESSING_TIME = "PROCESSING_TIME"
-
-    def __init__(self, backend: KeyedStateBackend, clock: Any, watermark: Any) -> None:
-        descriptor = MapStateDescriptor("timers", Types.LONG(), Types.STRING())
-        descriptor.name = "__statekit_timers"
-        self._timers = backend.get_partitioned_state(descriptor)
-        self._clock = clock
-        self._watermark = watermark
-
-    def current_processing_time(self) -> int:
-        return int(self._clock())
-
-    def current_watermark(self) -> int:
-        return int(self._watermark())
-
-    def register_processing_time_timer(self, timestamp: int) -> None:
-        self._timers.put(int(timestamp) * 2 + 1, self.PROCESSING_TIME)  # type: ignore[attr-defined]
-
-    def register_event_time_timer(self, timestamp: int) -> None:
-        self._timers.put(int(timestamp) * 2, self.EVENT_TIME)  # type: ignore[attr-defined]
-
-    def delete_processing_time_timer(self, timestamp: int) -> None:
-        self._timers.remove(int(timestamp) * 2 + 1)  # type: ignore[attr-defined]
-
-    def delete_event_time_timer(self, timestamp: int) -> None:
-        self._timers.remove(int(timestamp) * 2)  # type: ignore[attr-defined]
-
-    def registered(self) -> list[tuple[int, str]]:
-        """The current key's timers as (timestamp, domain), earliest first."""
-        return sorted((k // 2, d) for k, d in self._timers.items())  # type: ignore[attr-defined]
-
-    def pop_due(self, processing_time: int, watermark: int) -> list[tuple[int, str]]:
-        """Remove and return the current key's timers that are due, earliest first."""
-        due = [(ts, d) for ts, d in self.registered()
-               if ts <= (processing_time if d == self.PROCESSING_TIME else watermark)]
-        for ts, d in due:
-            self._timers.remove(ts * 2 + (1 if d == self.PROCESSING_TIME else 0))  # type: ignore[attr-defined]
-        return due
 
 
 class MapFunction(Function, ABC):
@@ -201,16 +174,19 @@ class VectorizedKeyedFunction(Function, ABC):
     @abstractmethod
     def process_batch(self, rows: Any, state: Any) -> Any: ...
 
+    def on_timers(self, timers: Any, state: Any) -> Any:
+        """Called with due timers as a DataFrame (``key``, ``timestamp``, ``domain`` columns, in
+        timestamp order); returns output rows as a DataFrame (or None).  Define it to register
+        timers (``state.register_event_time_timers(keys, timestamps)``, ...)."""
+        return None
 
-def open_function(function: F, backend: KeyedStateBackend, task_name: str, index: int,
-                  max_parallelism: int, *, parallelism: int = -1, attempt: int = 0,
-                  job_parameters: Mapping[str, Any] | None = None) -> F:
-    """A private copy of ``function``, opened on ``backend``.
+
+def open_function(function: F, runtime_context: RuntimeContext) -> F:
+    """A private copy of ``function``, opened with ``runtime_context``.
 
     Every partition (and every restore of one) runs its own instance, so the state handles its
     ``open`` creates point at that partition's backend and never at another's.
     """
     instance = copy.deepcopy(function)
-    instance.open(RuntimeContext(backend, task_name, index, parallelism, max_parallelism, attempt,
-                                 dict(job_parameters or {})))
+    instance.open(runtime_context)
     return instance

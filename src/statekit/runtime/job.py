@@ -27,8 +27,10 @@ from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.checkpoint.schema import recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
-from statekit.runtime.functions import KeyedProcessFunction, open_function
+from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.restart import RestartTracker
+from statekit.runtime.timers import MAX_WATERMARK, MIN_WATERMARK
+from statekit.runtime.watermarks import WatermarkGenerator, WatermarkStrategy
 from statekit.serde.keygroups import (
     KeyGroupRange,
     key_group_for_bytes,
@@ -67,8 +69,7 @@ class _Task:
     name: str
     key_group_range: KeyGroupRange
     backend: KeyedStateBackend
-    func: KeyedProcessFunction
-    ctx: KeyedProcessFunction.Context
+    op: KeyedOperator
 
 
 @dataclass
@@ -114,11 +115,17 @@ class LocalJob:
     """One execution of a keyed pipeline, with restarts per the environment's restart strategy."""
 
     def __init__(self, stream: ProcessedStream, name: str | None, limit: int | None,
-                 savepoint_dir: str | None, sink: Callable[[Any], None] | None) -> None:
+                 savepoint_dir: str | None, sink: Callable[[Any], None] | None,
+                 drain: bool = False) -> None:
         self.env = stream._env
         keyed = stream._keyed
         self.source = keyed._upstream._source
         self.transforms = keyed._upstream._transforms
+        self.clock = self.env.get_processing_time_clock()
+        # the end of input fires every event-time timer, except at a stop with a savepoint
+        self.drain = savepoint_dir is None or drain
+        self.watermark = MIN_WATERMARK
+        self.generator: WatermarkGenerator | None = None
         self.selector = keyed._selector
         self.key_serializer = as_key_serializer(serializer_for(keyed._key_type))
         self.func = stream._func
@@ -180,6 +187,7 @@ class LocalJob:
                 attempt += 1
             finally:
                 for task in tasks:
+                    _close_quietly(task)
                     task.backend.dispose()
 
     def _initial_restore_point(self) -> _RestorePoint | None:
@@ -225,39 +233,73 @@ class LocalJob:
                 # any backend's checkpoint restores into any backend (the one config flag)
                 restore_into(backend, [(h, restore.reader) for h in handles])
             try:
-                func = open_function(self.func, backend, name, index, self.max_parallelism,
-                                     parallelism=self.parallelism, attempt=attempt)
+                op = KeyedOperator(self.func, backend, task_name=name, index=index,
+                                   max_parallelism=self.max_parallelism,
+                                   parallelism=self.parallelism, attempt=attempt, clock=self.clock)
             except StatekitError:
+                backend.dispose()
                 raise
             except Exception as exc:
+                backend.dispose()
                 raise _UserFailure() from exc
-            tasks.append(_Task(index, name, rng, backend, func, KeyedProcessFunction.Context(backend)))
+            tasks.append(_Task(index, name, rng, backend, op))
+        self._restore_time(tasks, restore)
         return tasks
+
+    def _restore_time(self, tasks: list[_Task], restore: _RestorePoint | None) -> None:
+        """The watermark (and the largest timestamp seen) the restored checkpoint recorded, so a
+        restored job goes on with the time its input had reached."""
+        recorded = restore.metadata.get("time") if restore is not None else None
+        watermark = MIN_WATERMARK
+        strategy = self._watermark_strategy()
+        self.generator = strategy.create_generator() if strategy is not None else None
+        if isinstance(recorded, dict):
+            watermark = _int_or(recorded.get("watermark"), MIN_WATERMARK)
+            if self.generator is not None:
+                self.generator.max_timestamp = _int_or(recorded.get("max_timestamp"),
+                                                       MIN_WATERMARK)
+        self.watermark = watermark
+        for task in tasks:
+            task.op.timers.watermark = watermark
+
+    def _watermark_strategy(self) -> WatermarkStrategy | None:
+        """The last watermark strategy of the pipeline: the one whose watermarks count."""
+        strategies = [s for s in self.transforms if isinstance(s, WatermarkStrategy)]
+        return strategies[-1] if strategies else None
 
     def _process(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
                  restore: _RestorePoint | None) -> int:
         """Run the source to its end or until ``limit`` outputs are committed; the position."""
         position = int(restore.metadata.get("source", {}).get("offset", 0)) if restore else 0
-        source, transforms = self.source, self.transforms
+        source = self.source
         maxp, p = self.max_parallelism, self.parallelism
         serialize, selector = self.key_serializer.serialize, self.selector
         outputs = self.outputs
         checkpointing = self.checkpoint_config.is_checkpointing_enabled()
+        records = self._records()
+        generator, clock = self.generator, self.clock
+        next_processing = min(t.op.timers.next_processing for t in tasks)
         while position < len(source):
-            elements: Iterable[Any] = (source[position],)
-            for transform in transforms:
-                elements = [out for e in elements for out in transform(e)]
-            position += 1
-            for element in elements:
+            for value, timestamp in records(source[position]):
                 try:
-                    key = selector(element)
+                    key = selector(value)
                     task = tasks[key_group_for_bytes(serialize(key), maxp) * p // maxp]
-                    task.backend.set_current_key(key)
-                    produced = task.func.process_element(element, task.ctx)
+                    produced = task.op.process_element(key, value, timestamp)
                     if produced is not None:
                         outputs.open.extend(produced)
                 except Exception as exc:
                     raise _UserFailure() from exc
+                if task.op.timers.next_processing < next_processing:
+                    next_processing = task.op.timers.next_processing
+            position += 1
+            if generator is not None and generator.current_watermark() > self.watermark:
+                self._advance_watermark(tasks, generator.current_watermark())
+                next_processing = min(t.op.timers.next_processing for t in tasks)
+            if next_processing != MAX_WATERMARK:
+                now = clock()
+                if next_processing <= now:
+                    self._fire_processing(tasks, now)
+                    next_processing = min(t.op.timers.next_processing for t in tasks)
             if not checkpointing:
                 outputs.release(outputs.open)
                 outputs.open = []
@@ -268,10 +310,61 @@ class LocalJob:
                     self._checkpoint(tasks, coordinator, position)
             if self.limit is not None and len(outputs.committed) >= self.limit:
                 return position
+        if self.drain:  # the end of bounded input: every event-time timer fires
+            natural = self.watermark
+            self._advance_watermark(tasks, MAX_WATERMARK)
+            self.watermark = natural  # what a resumed job goes on from
         if checkpointing:  # a final checkpoint, so a later run can resume at the end of input
             self._checkpoint(tasks, coordinator, position)
         coordinator.poll(wait=True)
         return position
+
+    def _records(self) -> Callable[[Any], Iterable[tuple[Any, int | None]]]:
+        """``records(element)``: what one source element becomes after the stateless stages, as
+        ``(value, timestamp)`` pairs (timestamps from the watermark strategies, else None)."""
+        transforms = self.transforms
+        if not any(isinstance(s, WatermarkStrategy) for s in transforms):
+            def untimed(element: Any) -> Iterable[tuple[Any, int | None]]:
+                elements: Iterable[Any] = (element,)
+                for transform in transforms:
+                    elements = [out for e in elements for out in transform(e)]  # type: ignore[operator]
+                return [(e, None) for e in elements]
+
+            return untimed
+        last = self._watermark_strategy()
+        clock = self.clock
+
+        def timed(element: Any) -> Iterable[tuple[Any, int | None]]:
+            recs: list[tuple[Any, int | None]] = [(element, None)]
+            for stage in transforms:
+                if isinstance(stage, WatermarkStrategy):
+                    gen = self.generator if stage is last else stage.create_generator()
+                    assert gen is not None
+                    now = clock() if stage.idle_timeout is not None else None
+                    try:
+                        recs = [(v, gen.on_event(v, ts, now)) for v, ts in recs]
+                    except Exception as exc:
+                        raise _UserFailure() from exc
+                else:
+                    recs = [(out, ts) for v, ts in recs for out in stage(v)]
+            return recs
+
+        return timed
+
+    def _advance_watermark(self, tasks: list[_Task], watermark: int) -> None:
+        self.watermark = watermark
+        for task in tasks:
+            try:
+                task.op.advance_watermark(watermark, self.outputs.open)
+            except Exception as exc:
+                raise _UserFailure() from exc
+
+    def _fire_processing(self, tasks: list[_Task], now: int) -> None:
+        for task in tasks:
+            try:
+                task.op.advance_processing_time(now, self.outputs.open)
+            except Exception as exc:
+                raise _UserFailure() from exc
 
     def _checkpoint(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
                     position: int) -> int:
@@ -289,6 +382,9 @@ class LocalJob:
             "max_parallelism": self.max_parallelism,
             "parallelism": self.parallelism,
             "backend": self.backend_factory.name,
+            "time": {"watermark": self.watermark,
+                     "max_timestamp": (self.generator.max_timestamp
+                                       if self.generator is not None else MIN_WATERMARK)},
         }
 
     def _stop(self, tasks: list[_Task], coordinator: CheckpointCoordinator, position: int
@@ -303,7 +399,7 @@ class LocalJob:
             self.outputs.open = []
         for task in tasks:
             try:
-                task.func.close()
+                task.op.close()
             except Exception as exc:
                 raise _UserFailure() from exc
         coordinator.shutdown()
@@ -343,6 +439,19 @@ class LocalJob:
         result.retained_checkpoints = [self.access.checkpoint_path(c) for c in coordinator.retained]
         result.savepoint_path = savepoint
         return result
+
+
+def _close_quietly(task: _Task) -> None:
+    """Close a task's function after a failure (Flink closes operators on failover too); an
+    error there must not hide the failure itself."""
+    try:
+        task.op.close()
+    except Exception:
+        log.warning("closing %s after a failure failed", task.name, exc_info=True)
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if type(value) is int else default
 
 
 def _transfer_threads(backend: Any) -> int:

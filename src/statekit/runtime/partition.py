@@ -42,6 +42,23 @@ class _Local:
     version: int
     attempt: str
     backend: KeyedStateBackend
+    #: what runs on the backend (the opened user function), kept and dropped with it
+    operator: Any = None
+
+    def drop(self) -> None:
+        """Close the operator (quietly: the state is being discarded) and the backend."""
+        close_quietly(self.operator)
+        self.backend.dispose()
+
+
+def close_quietly(operator: Any) -> None:
+    """Close ``operator`` whose state is being dropped; an error there is logged, not raised."""
+    if operator is None:
+        return
+    try:
+        operator.close()
+    except Exception:
+        log.warning("closing the function of a dropped partition state failed", exc_info=True)
 
 
 _LOCAL: dict[tuple[str, str, int], _Local] = {}
@@ -194,6 +211,9 @@ class PartitionStore:
         self.backend: KeyedStateBackend | None = None
         self.restored_from: int | None = None
         self.reused = False
+        #: the operator running on the backend: kept with the local copy across batches, so the
+        #: user's function is opened once per partition and process (again only after a restore)
+        self.operator: Any = None
 
     # --- open -----------------------------------------------------------------------------------
 
@@ -212,9 +232,11 @@ class PartitionStore:
                 durable_attempt = None
             if durable_attempt == local.attempt:
                 self.backend, self.reused, self.restored_from = local.backend, True, base
+                self.operator = local.operator
                 return local.backend
         if local is not None:
-            local.backend.dispose()
+            local.drop()
+        self.operator = None
         backend = self.backend_factory.create_keyed_state_backend(
             key_serializer=self.key_serializer,
             key_group_range=KeyGroupRange.all(self.max_parallelism),
@@ -314,21 +336,24 @@ class PartitionStore:
         self.backend.notify_checkpoint_complete(self.batch)
         with _LOCAL_LOCK:
             previous = _LOCAL.pop(self._slot, None)
-            _LOCAL[self._slot] = _Local(self.batch, self.attempt or "", self.backend)
+            _LOCAL[self._slot] = _Local(self.batch, self.attempt or "", self.backend,
+                                        self.operator)
         if previous is not None and previous.backend is not self.backend:
-            previous.backend.dispose()
+            previous.drop()
         self._retire_old_versions()
         log.info("committed %s version %d (%d bytes, %.1f ms, %s)", self.access.location,
                  self.batch, streams.bytes_written, (time.perf_counter() - start) * 1000,
                  "reused local state" if self.reused else f"restored from {self.restored_from}")
         self.backend = None
+        self.operator = None
         return path
 
     def abort(self) -> None:
         """Drop the local state of an attempt that will not commit (it is never reused)."""
         if self.backend is not None:
-            self.backend.dispose()
+            _Local(-1, "", self.backend, self.operator).drop()
             self.backend = None
+            self.operator = None
 
     def _retire_old_versions(self) -> None:
         versions = self.access.completed()
@@ -343,4 +368,4 @@ def drop_local_state() -> None:
         locals_ = list(_LOCAL.values())
         _LOCAL.clear()
     for local in locals_:
-        local.backend.dispose()
+        local.drop()

@@ -12,13 +12,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from statekit.backends.base import StateMeta
+from statekit.backends.timers import TimerQueue, timer_state_name
 from statekit.errors import CorruptCheckpointError, StateError
 from statekit.state.api import ListState, MapState, State, ValueState
 
 APPLIED_NAME = "__statekit_applied"
 
 # operation codes
-V_SET, V_CLEAR, L_ADD, L_ADD_ALL, L_SET, L_CLEAR, M_PUT, M_REMOVE, M_CLEAR = range(9)
+V_SET, V_CLEAR, L_ADD, L_ADD_ALL, L_SET, L_CLEAR, M_PUT, M_REMOVE, M_CLEAR, T_ADD, T_REMOVE = range(11)
 
 
 class ChangeRecorder:
@@ -28,6 +29,7 @@ class ChangeRecorder:
         self.ops: list[list[Any]] = []
         self.active = False
         self.raw: dict[str, tuple[StateMeta, State]] = {}
+        self.queues: dict[str, TimerQueue] = {}  # timer queues by state name
 
     def intercept(self, meta: StateMeta, raw: State) -> State:
         """The backend's state interceptor: keep the raw state, hand out a recording one."""
@@ -36,6 +38,12 @@ class ChangeRecorder:
             return raw
         wrapper = {"value": _RecValue, "list": _RecList, "map": _RecMap}[meta.kind]
         return wrapper(raw, meta, self)  # type: ignore[abstract]
+
+    def intercept_timers(self, queue: TimerQueue) -> TimerQueue:
+        """The backend's timer interceptor: keep the raw queue, hand out a recording one."""
+        name = timer_state_name(queue.name)
+        self.queues[name] = queue
+        return _RecTimers(queue, name, self)
 
     def start(self) -> None:
         self.ops = []
@@ -50,10 +58,14 @@ class ChangeRecorder:
         if self.active:
             self.ops.append(list(op))
 
-    def replay(self, ops: Iterable[list[Any]]) -> None:
-        """Apply recorded operations to the current key's raw states (not recorded again)."""
+    def replay(self, ops: Iterable[list[Any]], key: Any = None) -> None:
+        """Apply recorded operations to the current key's raw states and timers (``key``; not
+        recorded again)."""
         for op in ops:
             name, code, *args = op
+            if code in (T_ADD, T_REMOVE):
+                self._replay_timer(name, code, args, key)
+                continue
             entry = self.raw.get(name)
             if entry is None:
                 raise StateError(
@@ -63,9 +75,24 @@ class ChangeRecorder:
             meta, raw = entry
             _apply(meta, raw, code, args)
 
-    def all_empty(self, now: int) -> bool:
-        """Whether the current key holds nothing live (TTL-expired entries count as gone),
-        timers included, so its carried state can be removed."""
+    def _replay_timer(self, name: str, code: int, args: list[Any], key: Any) -> None:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise CorruptCheckpointError(f"the key's change log holds timers of '{name}', which "
+                                         "this function has no timer service for")
+        if len(args) != 1 or type(args[0]) is not int:
+            raise CorruptCheckpointError(f"malformed timer change {args!r} of '{name}'")
+        (queue.add if code == T_ADD else queue.remove)(key, args[0])
+
+    def timer_queue(self, name: str) -> TimerQueue | None:
+        """The raw timer queue of state ``name`` (None until the backend created it)."""
+        return self.queues.get(name)
+
+    def all_empty(self, now: int, key: Any = None) -> bool:
+        """Whether the current key (``key``) holds nothing live (TTL-expired entries count as
+        gone), timers included, so its carried state can be removed."""
+        if any(queue.timers_of(key) for queue in self.queues.values()):
+            return False
         for name, (meta, raw) in self.raw.items():
             if name == APPLIED_NAME:
                 continue
@@ -91,11 +118,14 @@ class ChangeRecorder:
         ttls = [meta.ttl.ttl for meta, _ in self.raw.values() if meta.ttl is not None]
         return max(ttls) if ttls else None
 
-    def clear_all(self) -> None:
-        """Clear every state of the current key (timers included)."""
+    def clear_all(self, key: Any = None) -> None:
+        """Clear every state of the current key (``key``), timers included."""
         for name, (_meta, raw) in self.raw.items():
             if name != APPLIED_NAME:
                 raw.clear()
+        for queue in self.queues.values():
+            for timestamp in queue.timers_of(key):
+                queue.remove(key, timestamp)
 
 
 def _apply(meta: StateMeta, raw: Any, code: int, args: list[Any]) -> None:
@@ -117,6 +147,39 @@ def _apply(meta: StateMeta, raw: Any, code: int, args: list[Any]) -> None:
         raw.remove(stored.key.deserialize(args[0]))  # type: ignore[attr-defined]
     else:
         raise CorruptCheckpointError(f"unknown change-log operation {code}")
+
+
+class _RecTimers(TimerQueue):
+    """A timer queue recording the current key's additions and removals."""
+
+    def __init__(self, raw: TimerQueue, state_name: str, rec: ChangeRecorder) -> None:
+        super().__init__(raw.name)
+        self._raw, self._name, self._rec = raw, state_name, rec
+
+    def add(self, key: Any, timestamp: int) -> bool:
+        added = self._raw.add(key, timestamp)
+        if added:
+            self._rec.record(self._name, T_ADD, timestamp)
+        return added
+
+    def remove(self, key: Any, timestamp: int) -> bool:
+        removed = self._raw.remove(key, timestamp)
+        if removed:
+            self._rec.record(self._name, T_REMOVE, timestamp)
+        return removed
+
+    def peek(self) -> int | None:
+        return self._raw.peek()
+
+    def poll(self, limit: int) -> tuple[Any, int] | None:
+        raise StateError("timers of the applyInPandasWithState adapter fire per key, in the "
+                         "key's own call", self._name)
+
+    def timers_of(self, key: Any) -> list[int]:
+        return self._raw.timers_of(key)
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
 
 class _RecValue(ValueState):

@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from statekit.backends.base import StateBackend
-from statekit.backends.bulk import BulkState
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.filesystem import s3_options_from_config
 from statekit.errors import StatekitError
-from statekit.runtime.functions import (
-    Function,
-    KeyedProcessFunction,
-    VectorizedKeyedFunction,
-    open_function,
-)
+from statekit.runtime.functions import Function, VectorizedKeyedFunction
+from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.partition import (
     DEFAULT_VERSIONS_RETAINED,
     PartitionStore,
@@ -27,8 +22,10 @@ from statekit.runtime.partition import (
     external_sources,
     new_attempt_token,
 )
+from statekit.runtime.timers import Refusal
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
 from statekit.serde.types import GenericSerializer
+from statekit.spark.clock import BatchClock, epoch_ms
 from statekit.spark.partitioning import SparkPartitioner
 
 log = logging.getLogger("statekit.spark")
@@ -59,6 +56,11 @@ class AdapterSpec:
     rescalable: bool = False
     #: another query's state this one starts from when it has none (execution.savepoint.path)
     savepoint_path: str | None = None
+    #: where each row's event time is (``ctx.timestamp()``): the column's position in the rows
+    #: the function gets, and the session time zone naive timestamps are wall times of
+    event_time_column: str | None = None
+    timestamp_index: int | None = None
+    time_zone: str = "UTC"
 
     def scaling(self, partition: int, partitions: int | None = None,
                 key_types: list[str] | None = None) -> Scaling:
@@ -110,9 +112,16 @@ class TaskInfo:
 
 
 class PartitionTask:
-    """One task attempt's view of its partition state and function instance."""
+    """One task attempt's view of its partition: the state opened at the previous batch, the
+    operator running the user's function on it, and the batch's time.
 
-    def __init__(self, spec: AdapterSpec, info: TaskInfo, scaling: Scaling | None = None) -> None:
+    The operator (the opened function) is kept with the state in this process across batches,
+    so ``open()`` runs once per partition and process (again only after a restore), and
+    ``close()`` when the state is dropped.
+    """
+
+    def __init__(self, spec: AdapterSpec, info: TaskInfo, scaling: Scaling | None = None,
+                 refusal: Refusal | None = None) -> None:
         self.spec = spec
         self.info = info
         self.store = PartitionStore(
@@ -121,45 +130,71 @@ class PartitionTask:
             spec.allow_missing_state, scaling or spec.scaling(info.partition),
         )
         self.backend = self.store.open(info.batch_id, info.attempt_token)
-        self.ctx = KeyedProcessFunction.Context(self.backend)
-        self.bulk = BulkState(self.backend)
-        self.function = open_function(
-            spec.function, self.backend, spec.operator_id, info.partition, spec.max_parallelism,
-            attempt=info.attempt_number,
-            job_parameters={**spec.conf, "batch_id": info.batch_id, "partition": info.partition},
-        )
+        self.clock = BatchClock()
+        op = self.store.operator
+        if op is None:
+            try:
+                op = KeyedOperator(
+                    spec.function, self.backend, task_name=spec.operator_id, index=info.partition,
+                    max_parallelism=spec.max_parallelism, attempt=info.attempt_number,
+                    job_parameters={**spec.conf, "partition": info.partition,
+                                    "batch_id": info.batch_id},
+                    clock=self.clock, refusal=refusal)
+            except BaseException:
+                self.store.abort()
+                raise
+            self.store.operator = op
+        else:
+            op.timers.clock = self.clock
+            op.runtime_context.begin_attempt(info.attempt_number, batch_id=info.batch_id)
+        self.op = op
         self.committed = False
+
+    @property
+    def function(self) -> Any:
+        return self.op.function
+
+    def set_time(self, processing_time: int, watermark: int) -> None:
+        """The micro-batch's time: its processing time and watermark (never moving back)."""
+        self.clock.now = processing_time
+        if watermark > self.op.timers.watermark:
+            self.op.timers.watermark = watermark
+
+    def fire_due(self) -> list[Any]:
+        """Fire the timers due at the batch's time (both domains, in timestamp order); their
+        outputs (rows, or frames for a vectorized function)."""
+        out: list[Any] = []
+        self.op.fire_due(self.clock.now, None, out)
+        return out
+
+    def timestamp_of(self) -> Callable[[Sequence[Any]], int | None] | None:
+        """``row -> its event time`` when the adapter names an event-time column."""
+        index, tz = self.spec.timestamp_index, self.spec.time_zone
+        if index is None:
+            return None
+        return lambda row: epoch_ms(row[index], tz)
 
     def process(self, key: Any, rows: Iterable[Sequence[Any]]) -> list[Any]:
         """Run the per-element function over one key's rows; the output rows."""
-        out: list[Any] = []
-        backend, func, ctx = self.backend, self.function, self.ctx
-        backend.set_current_key(key)
-        for row in rows:
-            produced = func.process_element(row, ctx)  # type: ignore[attr-defined]
-            if produced is not None:
-                out.extend(produced)
-        return out
+        return self.op.process_key_rows(key, rows, self.timestamp_of())
 
     def process_keyed_rows(self, rows: Iterable[Sequence[Any]], key_index: list[int]) -> list[Any]:
         """Run the per-element function over rows of many keys (key taken from ``key_index``)."""
         out: list[Any] = []
-        backend, func, ctx = self.backend, self.function, self.ctx
+        op, ts, tz = self.op, self.spec.timestamp_index, self.spec.time_zone
         single = key_index[0] if len(key_index) == 1 else None
         for row in rows:
-            backend.set_current_key(row[single] if single is not None
-                                    else tuple(row[i] for i in key_index))
-            produced = func.process_element(row, ctx)  # type: ignore[attr-defined]
+            key = row[single] if single is not None else tuple(row[i] for i in key_index)
+            produced = op.process_element(key, row, None if ts is None else epoch_ms(row[ts], tz))
             if produced is not None:
                 out.extend(produced)
         return out
 
     def process_frame(self, frame: Any) -> Any:
         """Run the vectorized function over a pandas DataFrame."""
-        return self.function.process_batch(frame, self.bulk)  # type: ignore[attr-defined]
+        return self.op.process_frame(frame)
 
     def commit(self) -> None:
-        self.function.close()
         self.store.commit({"spark_partition": self.info.partition,
                            "spark_attempt": self.info.attempt_number})
         self.committed = True

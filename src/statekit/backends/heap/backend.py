@@ -37,6 +37,13 @@ from statekit.backends.kvformat import (
     read_kv_entry,
     read_plain_entry,
 )
+from statekit.backends.timers import (
+    TIMERS_KIND,
+    HeapTimerQueue,
+    TimerQueue,
+    check_restored_timers,
+    timer_meta,
+)
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CorruptCheckpointError, StateError, StatekitError
@@ -82,6 +89,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._confirmed: dict[str, Any] | None = None
         # in-flight incremental attempts: dirty keys each captured, and its handle once written
         self._attempts: dict[int, dict[str, Any]] = {}
+        self._timer_queues: dict[str, TimerQueue] = {}
 
     def set_current_key(self, key: Any) -> None:
         """Set the current key; other keys than str/int/bytes are checked once here (NaN and
@@ -109,6 +117,35 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         if meta.kind == "list":
             return HeapListState(self, table, stored.element)  # type: ignore[attr-defined]
         return HeapMapState(self, table, stored.value, stored.key)  # type: ignore[attr-defined]
+
+    # --- timers ------------------------------------------------------------------------------------
+
+    def timer_queue(self, name: str, create: bool = True) -> TimerQueue | None:
+        """The timer queue ``name``: a heap table (snapshotted like every state) and a binary heap
+        rebuilt from the restored timers."""
+        queue = self._timer_queues.get(name)
+        if queue is not None:
+            return queue
+        meta = timer_meta(name, self.key_serializer)
+        if not create and meta.name not in self._restored:
+            return None
+        table = HeapTable(meta, track_dirty=self.incremental)
+        restored = self._restored.pop(meta.name, None)
+        if restored is not None:
+            if restored.kind != TIMERS_KIND:
+                raise CorruptCheckpointError(
+                    f"state '{meta.name}': expected timers, the checkpoint holds a "
+                    f"{restored.kind} state")
+            check_restored_timers(meta.name, restored.data)
+            # the lists are never changed in place; the dict is, so it is copied while an
+            # asynchronous snapshot still writes the restored one
+            table.data = dict(restored.data) if restored.shared else restored.data
+        self.tables[meta.name] = table
+        queue = HeapTimerQueue(name, table)
+        if self.timer_interceptor is not None:
+            queue = self.timer_interceptor(queue)
+        self._timer_queues[name] = queue
+        return queue
 
     # --- snapshots ---------------------------------------------------------------------------------
 
@@ -261,6 +298,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 data[key] = value
 
     def dispose(self) -> None:
+        self._timer_queues.clear()
         self.tables.clear()
         self._restored.clear()
         self._states.clear()

@@ -27,8 +27,10 @@ from statekit.backends.rocksdb.states import (
     RocksDBValueState,
     RocksState,
 )
+from statekit.backends.rocksdb.timers import RocksDBTimerQueue
+from statekit.backends.timers import TIMERS_KIND, TIMERS_LAYOUT, TimerQueue, timer_state_name
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import BackendLockedError, StateError
+from statekit.errors import BackendLockedError, CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.keys import as_key_serializer
 from statekit.serde.serializers import TypeSerializer
@@ -73,6 +75,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._confirmed_id = -1
         self._pid = os.getpid()
         self._disposed = False
+        self._timer_queues: dict[str, TimerQueue] = {}
+        self._native_queues: dict[str, RocksDBTimerQueue] = {}
         live_backends.add(self)
 
     # --- current key: the key-group prefix is computed once per key --------------------------------
@@ -105,6 +109,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         else:
             kb = self._key_ser(key)
             self._prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+
+    def key_prefix(self, key: Any) -> bytes:
+        """Key group and serialized key of ``key``: the prefix of its entries in every state."""
+        if key is self._current_key and self._prefix is not None:
+            return self._prefix
+        kb = self._key_ser(key)
+        return self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
 
     # --- the database ------------------------------------------------------------------------------
 
@@ -148,10 +159,31 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _state_names(self) -> list[str]:
         return sorted(self._state_info)
 
+    def timer_queue(self, name: str, create: bool = True) -> TimerQueue | None:
+        """The timer queue ``name``: two column families (by key, by time) and each key group's
+        earliest timer in memory."""
+        queue = self._timer_queues.get(name)
+        if queue is None:
+            state = timer_state_name(name)
+            info = self._state_info.get(state)
+            if info is None and not create:
+                return None
+            if info is not None and info["kind"] != TIMERS_KIND:
+                raise CorruptCheckpointError(
+                    f"state '{state}': expected timers, the checkpoint holds a {info['kind']} "
+                    "state")
+            self._state_info[state] = {"layout": list(TIMERS_LAYOUT), "kind": TIMERS_KIND}
+            native = self._native_queues[name] = RocksDBTimerQueue(name, self)
+            queue = native if self.timer_interceptor is None else self.timer_interceptor(native)
+            self._timer_queues[name] = queue
+        return queue
+
     def _poison(self, why: str, error: type[Exception] = StateError) -> None:
         bad = Unusable(why, error)
         for state in self._rstates.values():
             state._bind(bad, bad)
+        for queue in self._native_queues.values():
+            queue.poison(bad)
         self._cfs.clear()
 
     def _forked(self) -> None:
@@ -239,6 +271,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 pass
         self._disposed = True
         self._states.clear()
+        self._timer_queues.clear()
+        self._native_queues.clear()
         workdirs.remove(self.instance_dir)
         live_backends.discard(self)
 
@@ -282,6 +316,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         key_filter: Callable[[Any], bool] | None = None,
                         skip_states: frozenset[str] = frozenset()) -> None:
         """Native handles (the one overlapping most is the base) and backend-neutral ones."""
-        if self._states:
-            raise StateError("restore must happen before any state is registered")
+        if self._states or self._timer_queues:
+            raise StateError("restore must happen before any state or timer is registered")
         RocksDBRestoreOperation(self).restore(sources, key_filter, skip_states)

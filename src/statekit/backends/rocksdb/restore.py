@@ -20,9 +20,12 @@ from statekit.backends.kvformat import KV_FORMATS, read_kv_states
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT
+from statekit.backends.rocksdb.timers import column_families, index_name, ts8
+from statekit.backends.timers import TIMERS_KIND, timer_stamps
 from statekit.checkpoint.reader import StateReader
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.msgpack import packb
 
 if TYPE_CHECKING:
     from statekit.backends.base import RestoreSource
@@ -135,7 +138,7 @@ class RocksDBRestoreOperation:
             self._download(base, base_reader, backend.db_path)
             backend._ensure_open()
             lo, hi = backend._kgp[mine.start], kg_after(mine.end, backend._kgp)
-            for name in base["states"]:
+            for name in column_families(base["states"]):
                 cf = backend._cf(name)
                 _check_recorded_range(cf, name, KeyGroupRange.of(base["key_group_range"]))
                 if mine.start > 0:
@@ -180,7 +183,7 @@ class RocksDBRestoreOperation:
             try:
                 lo, hi = backend._kgp[theirs.start], kg_after(theirs.end, backend._kgp)
                 recorded = KeyGroupRange.of(handle["key_group_range"])
-                for name in handle["states"]:
+                for name in column_families(handle["states"]):
                     source = src.get_column_family(name)
                     _check_recorded_range(source, name, recorded)
                     backend._cf(name)
@@ -215,9 +218,17 @@ class RocksDBRestoreOperation:
             backend._cf(name)
             handle = backend._db.get_column_family_handle(name)
             kind = entry["kind"]
+            index = None
+            if kind == TIMERS_KIND:
+                backend._cf(index_name(name))
+                index = backend._db.get_column_family_handle(index_name(name))
             for kb, vb in zip(keys, values, strict=True):
                 prefix = kgp[kg] + kb
-                if kind == "value":
+                if kind == TIMERS_KIND:
+                    for timestamp in timer_stamps(name, vb):
+                        writer.put(prefix + ts8(timestamp), packb(timestamp), handle)
+                        writer.put(kgp[kg] + ts8(timestamp) + kb, b"", index)
+                elif kind == "value":
                     writer.put(prefix, vb, handle)
                 elif kind == "list":
                     for i, elem in enumerate(split_array(vb)):

@@ -28,6 +28,7 @@ from statekit.backends.kvformat import (
 )
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
+from statekit.backends.timers import TIMERS_KIND
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError
@@ -234,7 +235,8 @@ class RocksDBSnapshotStrategy:
                 cf = db.get_column_family(name)
                 meta = metas.get(name)
                 limit = meta.ttl.snapshot_limit() if meta is not None and meta.ttl else None
-                for kg, kb, value in grouped(cf, entry["kind"]):
+                kind = "list" if entry["kind"] == TIMERS_KIND else entry["kind"]
+                for kg, kb, value in grouped(cf, kind):
                     if limit is not None:
                         value = drop_expired(entry["kind"], value, limit)
                         if value is None:

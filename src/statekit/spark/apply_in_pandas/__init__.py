@@ -33,6 +33,7 @@ from statekit.spark.apply_in_pandas.lineage import (
     SnapshotId,
 )
 from statekit.spark.apply_in_pandas.partition import APPLIED, PartitionRuntime
+from statekit.spark.clock import has_watermark
 from statekit.spark.task import AdapterSpec, TaskInfo
 
 STATE_SCHEMA = "seq long, tseq long, tatt string, log binary"
@@ -42,7 +43,7 @@ _RUNTIMES_LOCK = threading.Lock()
 
 
 def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
-             timeout_conf: str, mid_task_calls: int) -> PartitionRuntime:
+             timeout_conf: str, mid_task_calls: int, watermark: bool) -> PartitionRuntime:
     """This process's runtime of the task's partition (kept across tasks), begun for the task."""
     slot = (info.query_id, spec.operator_id, info.partition)
     with _RUNTIMES_LOCK:
@@ -50,7 +51,7 @@ def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
         if runtime is None:
             runtime = _RUNTIMES[slot] = PartitionRuntime(spec, info.query_id, info.partition,
                                                          materialize_every, timeout_conf,
-                                                         mid_task_calls)
+                                                         mid_task_calls, watermark)
     runtime.begin_task(info)
     return runtime
 
@@ -67,15 +68,21 @@ def _quiet_padding_warning() -> None:
 
 def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: Any, *,
                                output_mode: str = "update", timeout_conf: str = "NoTimeout",
+                               event_time_column: str | None = None,
                                operator_id: str | None = None,
                                conf: Mapping[str, Any] | None = None) -> Any:
     """Run ``function`` per key over ``applyInPandasWithState``; a streaming DataFrame.
 
     The function is the same :class:`~statekit.KeyedProcessFunction` (or vectorized function)
     the other adapters run; its state lives in the backend chosen by ``spark.statekit.*`` conf.
+    Timers need a ``timeout_conf`` that calls keys back: ``ProcessingTimeTimeout`` delivers both
+    domains, ``EventTimeTimeout`` event-time timers; ``event_time_column`` names the input column
+    ``ctx.timestamp()`` reads.
     """
     spark = grouped_df._df.sparkSession
-    spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf, grouped_df)
+    spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf, grouped_df,
+                              event_time_column=event_time_column)
+    watermark = has_watermark(grouped_df._df)
     every = cfg.read(spec.conf, MATERIALIZE_KEY)
     mid_task = cfg.read(spec.conf, MID_TASK_KEY)
     timeout = str(getattr(timeout_conf, "value", timeout_conf))
@@ -84,7 +91,7 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
 
     def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
         _quiet_padding_warning()
-        runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task)
+        runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task, watermark)
         k = key[0] if len(key) == 1 else tuple(key)
         yield from runtime.call(k, frames, group_state)
 

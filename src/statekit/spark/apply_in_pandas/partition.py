@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend
-from statekit.backends.bulk import BulkState
 from statekit.errors import CorruptCheckpointError, MissingStateError
-from statekit.runtime.functions import KeyedProcessFunction, TimerService, open_function
+from statekit.runtime.operator import KeyedOperator
+from statekit.runtime.partition import close_quietly
+from statekit.runtime.timers import TimeDomain
 from statekit.spark.apply_in_pandas.carried import EMPTY, LogCache
 from statekit.spark.apply_in_pandas.lineage import (
     DEFAULT_MID_TASK_CALLS,
@@ -26,6 +27,7 @@ from statekit.spark.apply_in_pandas.lineage import (
     log,
 )
 from statekit.spark.changelog import ChangeRecorder
+from statekit.spark.clock import epoch_ms
 from statekit.spark.frames import key_rows, rows_frame
 from statekit.spark.task import AdapterSpec
 from statekit.state.descriptors import internal_value_descriptor
@@ -38,25 +40,55 @@ class PartitionRuntime(PartitionLineage):
 
     def __init__(self, spec: AdapterSpec, query_id: str, partition: int,
                  materialize_every: int, timeout_conf: str = "NoTimeout",
-                 mid_task_calls: int = DEFAULT_MID_TASK_CALLS) -> None:
+                 mid_task_calls: int = DEFAULT_MID_TASK_CALLS,
+                 query_has_watermark: bool = True) -> None:
         super().__init__(spec, query_id, partition, materialize_every, mid_task_calls)
         self.timeout_conf = timeout_conf
+        self.query_has_watermark = query_has_watermark
         self._group_state: Any = None
-        self.function: Any = None
+        self.operator: KeyedOperator | None = None
         self.recorder = ChangeRecorder()
         self.carried = LogCache()  # the logs this process last wrote, decoded
         self.started_empty = 0  # keys started from empty state because their snapshot was gone
 
     def _open(self, backend: KeyedStateBackend) -> None:
-        """Record the restored backend's changes afresh and open a fresh copy of the function."""
+        """Record the restored backend's changes afresh and open a fresh copy of the function
+        (the one of the replaced state is closed)."""
         self.recorder = ChangeRecorder()
         backend.state_interceptor = self.recorder.intercept
+        backend.timer_interceptor = self.recorder.intercept_timers
         self.applied: Any = backend.get_partitioned_state(APPLIED)  # looked up once, not per call
-        self.timers = TimerService(backend, self._processing_time, self._watermark)
         spec = self.spec
-        self.function = open_function(spec.function, backend, spec.operator_id, self.partition,
-                                      spec.max_parallelism,
-                                      job_parameters={**spec.conf, "partition": self.partition})
+        previous, self.operator = self.operator, None
+        if previous is not None:
+            close_quietly(previous)
+        self.operator = KeyedOperator(
+            spec.function, backend, task_name=spec.operator_id, index=self.partition,
+            max_parallelism=spec.max_parallelism,
+            job_parameters={**spec.conf, "partition": self.partition},
+            clock=self._processing_time, refusal=self._refusal)
+
+    @property
+    def function(self) -> Any:
+        return None if self.operator is None else self.operator.function
+
+    def _refusal(self, domain: TimeDomain) -> str | None:
+        """Which timers this query's ``timeout_conf`` cannot deliver: Spark calls a key without
+        input back only through its timeout."""
+        conf = self.timeout_conf
+        if conf == "NoTimeout":
+            return ("apply_in_pandas_with_state(timeout_conf='NoTimeout') never calls a key "
+                    "back without input, so its timers could not fire: use "
+                    "timeout_conf='ProcessingTimeTimeout' (timers of both domains) or "
+                    "'EventTimeTimeout' (event-time timers)")
+        if domain is TimeDomain.PROCESSING_TIME and conf == "EventTimeTimeout":
+            return ("timeout_conf='EventTimeTimeout' calls a key back only when the watermark "
+                    "passes its timeout, so processing-time timers could not fire on time: use "
+                    "timeout_conf='ProcessingTimeTimeout' (timers of both domains)")
+        if domain is TimeDomain.EVENT_TIME and not self.query_has_watermark:
+            return ("the query defines no watermark, so event-time timers would never fire: add "
+                    "withWatermark(...) before groupBy")
+        return None
 
     # --- the key's applied marker --------------------------------------------------------------
 
@@ -109,7 +141,7 @@ class PartitionRuntime(PartitionLineage):
         else:
             seq, tseq, tatt, carried = 0, None, None, EMPTY
             if marker is not None:  # the committed state of this key is empty
-                self.recorder.clear_all()
+                self.recorder.clear_all(key)
                 marker = None
                 self._set_marker(key, None)
         entries = carried.entries
@@ -119,14 +151,14 @@ class PartitionRuntime(PartitionLineage):
                 carried = EMPTY
         for entry in entries:
             if marker is None or entry[0] > marker[0]:
-                self.recorder.replay(entry[3])
+                self.recorder.replay(entry[3], key)
                 marker = (entry[0], entry[2])
                 self._set_marker(key, marker)
         self.recorder.start()
         outputs = self._run(key, frames, bool(getattr(group_state, "hasTimedOut", False)))
-        removable = self.recorder.all_empty(self._processing_time())
+        removable = self.recorder.all_empty(self._processing_time(), key)
         if not removable:
-            self._schedule_timeout(group_state)
+            self._schedule_timeout(key, group_state)
         ops = self.recorder.stop()
         new_entry = None
         if ops:
@@ -146,7 +178,7 @@ class PartitionRuntime(PartitionLineage):
             if group_state.exists:
                 group_state.remove()
             self.carried.forget(key)
-            self.recorder.clear_all()
+            self.recorder.clear_all(key)
             self._set_marker(key, None)
         elif ops or truncated:
             carried = carried.rewrite(drop, new_entry)
@@ -182,7 +214,7 @@ class PartitionRuntime(PartitionLineage):
             log.warning("partition %d: keys whose snapshot is missing start from empty "
                         "state (allow-missing-state is set), first %r", self.partition, key)
         self.started_empty += 1
-        self.recorder.clear_all()
+        self.recorder.clear_all(key)
         self._set_marker(key, None)
         return None, [], None, None
 
@@ -198,37 +230,73 @@ class PartitionRuntime(PartitionLineage):
             f"spark.statekit.execution.state-recovery.allow-missing-state=true to start such keys "
             f"from empty state on purpose")
 
-    def _schedule_timeout(self, group_state: Any) -> None:
-        """Ask Spark to call back for the key's earliest timer (or its TTL expiry)."""
+    def _schedule_timeout(self, key: Any, group_state: Any) -> None:
+        """Ask Spark to call the key back for its earliest timer (or its TTL expiry).
+
+        Spark times a key out in the first batch whose time is *past* its timeout, so the
+        timeout is one millisecond before the timer (a timer due one millisecond after the batch
+        fires a millisecond late: Spark takes no duration below 1).  Under
+        ``ProcessingTimeTimeout`` a key with a pending event-time timer is called back every
+        batch, to look at the watermark.
+        """
+        op = self.operator
+        assert op is not None
+        event = op.timers.queue(TimeDomain.EVENT_TIME).timers_of(key)
         if self.timeout_conf == "EventTimeTimeout":
-            event = [ts for ts, d in self.timers.registered() if d == TimerService.EVENT_TIME]
             if event:
-                group_state.setTimeoutTimestamp(max(event[0], self._watermark() + 1))
-        elif self.timeout_conf == "ProcessingTimeTimeout":
-            now = self._processing_time()
-            due = [ts for ts, d in self.timers.registered() if d == TimerService.PROCESSING_TIME]
-            ttl = self.recorder.ttl_millis()
-            if ttl is not None:
-                due.append(now + ttl)  # come back to drop the key's state once it expires
-            if due:
-                group_state.setTimeoutDuration(max(1, min(due) - now))
+                group_state.setTimeoutTimestamp(max(event[0] - 1, self._watermark(), 1))
+            return
+        if self.timeout_conf != "ProcessingTimeTimeout":
+            return
+        now = self._processing_time()
+        due = [t - 1 - now for t in op.timers.queue(TimeDomain.PROCESSING_TIME).timers_of(key)[:1]]
+        if event:
+            due.append(1)  # the watermark is only known in the next batch
+        ttl = self.recorder.ttl_millis()
+        if ttl is not None:
+            due.append(ttl)  # come back to drop the key's state once it expires
+        if due:
+            group_state.setTimeoutDuration(max(1, min(due)))
+
+    def _due_timers(self, key: Any) -> list[tuple[Any, int, TimeDomain]]:
+        """The key's timers due at the batch's time, earliest first (removed: recorded)."""
+        op = self.operator
+        assert op is not None
+        limits = ((TimeDomain.EVENT_TIME, self._watermark()),
+                  (TimeDomain.PROCESSING_TIME, self._processing_time()))
+        due = sorted((ts, domain.value, domain) for domain, limit in limits
+                     for ts in op.timers.queue(domain).timers_of(key) if ts <= limit)
+        for ts, _, domain in due:
+            op.timers.queue(domain).remove(key, ts)
+        return [(key, ts, domain) for ts, _, domain in due]
 
     def _run(self, key: Any, frames: Iterator[Any], timed_out: bool) -> list[Any]:
-        """Call the user's function on the key's rows (or its due timers); its output frames."""
-        function = self.function
-        if self.spec.vectorized and not timed_out:
-            bulk = BulkState(self.backend)
-            outputs = [out[self.spec.output_columns] for out in
-                       (function.process_batch(frame, bulk) for frame in frames)
-                       if out is not None and len(out)]
-            self.backend.set_current_key(key)
-            return outputs
-        if timed_out:
-            produced = (function.on_timer(ts, KeyedProcessFunction.OnTimerContext(
-                self.backend, self.timers, domain))
-                for ts, domain in self.timers.pop_due(self._processing_time(), self._watermark()))
-        else:
-            ctx = KeyedProcessFunction.Context(self.backend, self.timers)
-            produced = (function.process_element(row, ctx) for row in key_rows(frames))
-        rows = [row for out in produced if out is not None for row in out]
-        return [rows_frame(rows, self.spec.output_columns)] if rows else []
+        """Fire the key's due timers, then call the user's function on its rows; the output
+        frames.  Timers a timer or an element registers that are due already fire too."""
+        op = self.operator
+        assert op is not None
+        op.timers.watermark = max(op.timers.watermark, self._watermark())
+        produced: list[Any] = []
+        self._fire_key(key, produced)
+        if not timed_out:
+            if self.spec.vectorized:
+                produced.extend(out for out in (op.process_frame(frame) for frame in frames)
+                                if out is not None and len(out))
+            else:
+                produced.extend(op.process_key_rows(key, key_rows(frames),
+                                                    self._timestamp_of()))
+            self._fire_key(key, produced)
+        self.backend.set_current_key(key)
+        if self.spec.vectorized:
+            return [out[self.spec.output_columns] for out in produced]
+        return [rows_frame(produced, self.spec.output_columns)] if produced else []
+
+    def _timestamp_of(self) -> Any:
+        index, tz = self.spec.timestamp_index, self.spec.time_zone
+        return None if index is None else (lambda row: epoch_ms(row[index], tz))
+
+    def _fire_key(self, key: Any, produced: list[Any]) -> None:
+        op = self.operator
+        assert op is not None
+        while due := self._due_timers(key):
+            op.fire(due, produced)

@@ -1,0 +1,241 @@
+"""Timer queues: the keyed backends' priority queues of timers (Flink's ``PriorityQueueSetFactory``).
+
+A :class:`TimerQueue` holds a set of timers ``(key, timestamp)`` of one partition and one time
+domain: adding a timer twice keeps one, removing a missing one does nothing, and the earliest
+timer is found in O(1) and removed in O(log n).  Timers are keyed state: a snapshot writes each
+queue as one state entry of kind ``"timers"`` named ``_timer_state/<queue>`` whose value per key is
+the sorted list of its timestamps, so they are restored, rescaled by key group, carried between
+backends and read by the inspection tools like every other state.
+
+The heap queue (:class:`HeapTimerQueue`) keeps the per-key lists in a
+:class:`~statekit.backends.heap.table.HeapTable` (so the heap backend's copy-on-write snapshots
+capture timers in constant time) and orders them with one binary heap over the partition.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from statekit.errors import CorruptCheckpointError, SerializationError, StateTypeError
+from statekit.serde.msgpack import unpackb
+from statekit.serde.serializers import TypeSerializer
+
+if TYPE_CHECKING:
+    from statekit.backends.base import StateMeta
+    from statekit.backends.heap.table import HeapTable
+
+#: state entries of timer queues are named ``_timer_state/<queue name>`` (Flink's names)
+TIMER_STATE_PREFIX = "_timer_state/"
+EVENT_TIMERS = "event_user-timers"
+PROCESSING_TIMERS = "processing_user-timers"
+#: the entry kind of timer queues in snapshots
+TIMERS_KIND = "timers"
+TIMERS_LAYOUT: list[Any] = [TIMERS_KIND, "LONG", None, False]
+MIN_TIMESTAMP = -(1 << 63)
+MAX_TIMESTAMP = (1 << 63) - 1
+
+
+def timer_state_name(queue: str) -> str:
+    """The state entry name of timer queue ``queue``."""
+    return TIMER_STATE_PREFIX + queue
+
+
+def is_timer_state(name: str) -> bool:
+    return name.startswith(TIMER_STATE_PREFIX)
+
+
+def check_timestamp(timestamp: Any) -> int:
+    """``timestamp`` as an int in the signed 64-bit range (a StateTypeError otherwise)."""
+    if type(timestamp) is not int:
+        if isinstance(timestamp, bool) or not hasattr(timestamp, "__index__"):
+            raise StateTypeError(f"a timer's timestamp must be an int (milliseconds), "
+                                 f"got {type(timestamp).__name__}")
+        timestamp = timestamp.__index__()  # numpy integers
+    if not MIN_TIMESTAMP <= timestamp <= MAX_TIMESTAMP:
+        raise StateTypeError(f"timer timestamp {timestamp} is outside the signed 64-bit range")
+    return timestamp
+
+
+def check_restored_timers(name: str, data: dict[Any, Any]) -> None:
+    """CorruptCheckpointError unless every restored value is a sorted list of distinct int
+    timestamps (what a timer queue wrote)."""
+    for key, stamps in data.items():
+        if (type(stamps) is not list or not stamps or not all(type(t) is int for t in stamps)
+                or any(a >= b for a, b in itertools.pairwise(stamps))
+                or not MIN_TIMESTAMP <= stamps[0] <= stamps[-1] <= MAX_TIMESTAMP):
+            raise CorruptCheckpointError(
+                f"state '{name}': key {key!r} holds {stamps!r}, not a sorted list of distinct "
+                "int timestamps")
+
+
+def timer_stamps(name: str, serialized: bytes) -> list[int]:
+    """One key's serialized timestamps from a snapshot, checked (CorruptCheckpointError)."""
+    try:
+        stamps = unpackb(serialized)
+    except (SerializationError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"state '{name}': malformed timers ({exc})") from None
+    check_restored_timers(name, {"?": stamps})
+    return stamps  # type: ignore[no-any-return]
+
+
+class TimestampsSerializer(TypeSerializer):
+    """One key's timers in a queue: a sorted list of int timestamps, never changed in place (the
+    queue replaces it), so snapshots may share it as an immutable value."""
+
+    identity = True
+    immutable = True
+
+    def check(self, value: Any) -> str | None:
+        if not isinstance(value, list) or not all(type(t) is int for t in value):
+            return "expected a list of int timestamps"
+        return None
+
+    def config(self) -> Any:
+        return "timers"
+
+
+class TimerQueue(ABC):
+    """The timers of one time domain in one partition: a set ordered by timestamp."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abstractmethod
+    def add(self, key: Any, timestamp: int) -> bool:
+        """Register a timer; False when it was registered already (one timer per key and time)."""
+
+    @abstractmethod
+    def remove(self, key: Any, timestamp: int) -> bool:
+        """Delete a timer; False when there was none."""
+
+    @abstractmethod
+    def peek(self) -> int | None:
+        """The earliest timestamp, or None when the queue is empty (O(1) amortized)."""
+
+    @abstractmethod
+    def poll(self, limit: int) -> tuple[Any, int] | None:
+        """Remove and return the earliest timer ``(key, timestamp)`` if its time is at most
+        ``limit``; None otherwise."""
+
+    @abstractmethod
+    def timers_of(self, key: Any) -> list[int]:
+        """The timestamps of ``key``'s timers, earliest first."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """How many timers the queue holds."""
+
+    def drain(self, limit: int) -> Iterator[tuple[Any, int]]:
+        """Remove and yield every timer due at ``limit``, in timestamp order; timers added while
+        this runs that are due too are yielded as well."""
+        while (timer := self.poll(limit)) is not None:
+            yield timer
+
+
+class HeapTimerQueue(TimerQueue):
+    """Timers in a heap table (key -> sorted timestamps) ordered by one binary heap.
+
+    Removing a timer leaves its heap entry behind (it is skipped when it reaches the top); the
+    heap is rebuilt from the table once such stale entries outnumber the live ones.
+    """
+
+    def __init__(self, name: str, table: HeapTable) -> None:
+        super().__init__(name)
+        self.table = table
+        self._seq = itertools.count()
+        self._heap: list[tuple[int, int, Any]] = []
+        self._count = 0
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        seq = self._seq
+        data = self.table.data
+        staged = self.table.staged or {}
+        entries = [(ts, next(seq), key) for source in (data, staged)
+                   for key, stamps in source.items() if stamps for ts in stamps]
+        heapq.heapify(entries)
+        self._heap = entries
+        self._count = len(entries)
+
+    def _get(self, key: Any) -> list[int] | None:
+        table = self.table
+        stamps = table.data.get(key)
+        if stamps is None and table.watch:
+            return table.get(key)  # type: ignore[no-any-return]
+        return stamps
+
+    def _set(self, key: Any, stamps: list[int]) -> None:
+        if stamps:
+            self.table.put(key, stamps)
+        else:
+            self.table.remove(key)
+
+    def add(self, key: Any, timestamp: int) -> bool:
+        stamps = self._get(key)
+        if stamps is None:
+            self._set(key, [timestamp])
+        elif timestamp in stamps:
+            return False
+        else:
+            new = [*stamps, timestamp]
+            if stamps[-1] > timestamp:
+                new.sort()
+            self._set(key, new)
+        heapq.heappush(self._heap, (timestamp, next(self._seq), key))
+        self._count += 1
+        return True
+
+    def remove(self, key: Any, timestamp: int) -> bool:
+        stamps = self._get(key)
+        if not stamps or timestamp not in stamps:
+            return False
+        self._set(key, [t for t in stamps if t != timestamp])
+        self._count -= 1
+        if len(self._heap) > 2 * self._count + 1024:
+            self._rebuild()
+        return True
+
+    def _valid_top(self) -> tuple[int, int, Any] | None:
+        heap = self._heap
+        while heap:
+            top = heap[0]
+            stamps = self._get(top[2])
+            # the top is the earliest live timer iff it is its key's earliest timestamp
+            if stamps and stamps[0] == top[0]:
+                return top
+            heapq.heappop(heap)  # deleted (or fired through a duplicate entry)
+        return None
+
+    def peek(self) -> int | None:
+        top = self._valid_top()
+        return None if top is None else top[0]
+
+    def poll(self, limit: int) -> tuple[Any, int] | None:
+        top = self._valid_top()
+        if top is None or top[0] > limit:
+            return None
+        heapq.heappop(self._heap)
+        timestamp, _, key = top
+        stamps = self._get(key)
+        assert stamps is not None
+        self._set(key, stamps[1:])
+        self._count -= 1
+        return key, timestamp
+
+    def timers_of(self, key: Any) -> list[int]:
+        return list(self._get(key) or ())
+
+    def __len__(self) -> int:
+        return self._count
+
+
+def timer_meta(queue: str, key_serializer: TypeSerializer) -> StateMeta:
+    """What a snapshot records about timer queue ``queue``: a state of kind ``timers``."""
+    from statekit.backends.base import StateMeta
+
+    return StateMeta(timer_state_name(queue), TIMERS_KIND, list(TIMERS_LAYOUT), key_serializer,
+                     TimestampsSerializer())

@@ -1,0 +1,254 @@
+"""One partition of a keyed user function: its opened instance, keyed backend, timers and contexts.
+
+Every engine drives a :class:`KeyedOperator` the same way (Flink's ``KeyedProcessOperator``):
+the local runner's tasks, the test harness and the Spark adapters.  It owns the function's
+lifecycle (``open`` once, ``close`` once), sets the current key and the element's timestamp,
+and fires due timers into ``on_timer`` (or, for a vectorized function, into ``on_timers`` as one
+frame per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from statekit.backends.base import KeyedStateBackend
+from statekit.backends.bulk import BulkState
+from statekit.runtime.functions import (
+    Function,
+    KeyedProcessFunction,
+    RuntimeContext,
+    VectorizedKeyedFunction,
+    open_function,
+)
+from statekit.runtime.timers import (
+    InternalTimerService,
+    Refusal,
+    TimeDomain,
+    TimerService,
+    wall_clock_ms,
+)
+
+
+class KeyedOperator:
+    """A user function opened on one partition's backend, with that partition's timers."""
+
+    def __init__(self, function: Function, backend: KeyedStateBackend, *, task_name: str,
+                 index: int, max_parallelism: int, parallelism: int = -1, attempt: int = 0,
+                 job_parameters: Mapping[str, Any] | None = None,
+                 clock: Callable[[], int] = wall_clock_ms, refusal: Refusal | None = None,
+                 open_now: bool = True) -> None:
+        self.backend = backend
+        self.vectorized = isinstance(function, VectorizedKeyedFunction)
+        if self.vectorized and type(function).on_timers is VectorizedKeyedFunction.on_timers:
+            refusal = _without_timers(type(function).__name__)
+        self.timers = InternalTimerService(backend, clock, refusal)
+        self.timer_service = TimerService(self.timers)
+        self.ctx = KeyedProcessFunction.Context(backend, self.timer_service)
+        self.timer_ctx = KeyedProcessFunction.OnTimerContext(backend, self.timer_service)
+        self.bulk = VectorizedState(backend, self.timers)
+        self._template = function
+        self.runtime_context = RuntimeContext(backend, task_name, index, parallelism,
+                                              max_parallelism, attempt, dict(job_parameters or {}))
+        self.function: Any = None
+        self.closed = False
+        if open_now:
+            self.open()
+
+    def open(self) -> None:
+        """A private copy of the user's function, opened (``open()`` runs once per operator)."""
+        self.function = open_function(self._template, self.runtime_context)
+
+    def close(self) -> None:
+        """Close the function once (also after a failure); later calls do nothing."""
+        if not self.closed and self.function is not None:
+            self.closed = True
+            self.function.close()
+
+    # --- elements ---------------------------------------------------------------------------------
+
+    def process_element(self, key: Any, value: Any, timestamp: int | None = None
+                        ) -> Iterable[Any] | None:
+        """Run ``process_element`` for one element of ``key`` (``timestamp``: its event time)."""
+        self.backend.set_current_key(key)
+        ctx = self.ctx
+        ctx._timestamp = timestamp
+        return self.function.process_element(value, ctx)  # type: ignore[no-any-return]
+
+    def process_key_rows(self, key: Any, rows: Iterable[Any],
+                         timestamp_of: Callable[[Any], int | None] | None = None) -> list[Any]:
+        """Run ``process_element`` over several elements of one key (the key is set once);
+        ``timestamp_of(row)`` gives each element's event time.  The outputs, in order."""
+        self.backend.set_current_key(key)
+        ctx, process = self.ctx, self.function.process_element
+        out: list[Any] = []
+        for row in rows:
+            ctx._timestamp = None if timestamp_of is None else timestamp_of(row)
+            produced = process(row, ctx)
+            if produced is not None:
+                out.extend(produced)
+        return out
+
+    def process_frame(self, frame: Any) -> Any:
+        """Run a vectorized function over a pandas DataFrame of rows."""
+        return self.function.process_batch(frame, self.bulk)
+
+    # --- timers -----------------------------------------------------------------------------------
+
+    def on_timer(self, key: Any, timestamp: int, domain: TimeDomain) -> Iterable[Any] | None:
+        """Run ``on_timer`` for one fired timer."""
+        self.backend.set_current_key(key)
+        ctx = self.timer_ctx
+        ctx._timestamp = timestamp
+        ctx._domain = domain
+        return self.function.on_timer(timestamp, ctx)  # type: ignore[no-any-return]
+
+    def advance_watermark(self, watermark: int, out: list[Any]) -> None:
+        """Move the watermark forward (never back) and fire the event-time timers it passes,
+        timers registered meanwhile included; outputs are appended to ``out``."""
+        timers = self.timers
+        if watermark <= timers.watermark:
+            return
+        timers.watermark = watermark
+        if timers.next_event > watermark:
+            return
+        if self.vectorized:
+            self._fire_frame(lambda: _tagged(timers.poll_event(), TimeDomain.EVENT_TIME), out)
+            return
+        while (timer := timers.poll_event()) is not None:
+            produced = self.on_timer(timer[0], timer[1], TimeDomain.EVENT_TIME)
+            if produced is not None:
+                out.extend(produced)
+
+    def advance_processing_time(self, now: int, out: list[Any]) -> None:
+        """Fire the processing-time timers due at ``now``."""
+        timers = self.timers
+        if timers.next_processing > now:
+            return
+        if self.vectorized:
+            self._fire_frame(lambda: _tagged(timers.poll_processing(now),
+                                             TimeDomain.PROCESSING_TIME), out)
+            return
+        while (timer := timers.poll_processing(now)) is not None:
+            produced = self.on_timer(timer[0], timer[1], TimeDomain.PROCESSING_TIME)
+            if produced is not None:
+                out.extend(produced)
+
+    def fire_due(self, now: int, watermark: int | None, out: list[Any]) -> None:
+        """Fire every timer due at processing time ``now`` and ``watermark`` (None: unchanged),
+        both domains in timestamp order (a micro-batch's time)."""
+        timers = self.timers
+        if watermark is not None and watermark > timers.watermark:
+            timers.watermark = watermark
+        if timers.next_event > timers.watermark and timers.next_processing > now:
+            return
+        if self.vectorized:
+            self._fire_frame(lambda: timers.poll(now), out)
+            return
+        while (timer := timers.poll(now)) is not None:
+            produced = self.on_timer(*timer)
+            if produced is not None:
+                out.extend(produced)
+
+    def take_due(self, now: int) -> list[tuple[Any, int, TimeDomain]]:
+        """Remove the timers due now (both domains, in timestamp order): one timer for a
+        per-element function, all of them for a vectorized one (its next ``on_timers`` frame)."""
+        timers = self.timers
+        if not self.vectorized:
+            timer = timers.poll(now)
+            return [] if timer is None else [timer]
+        due = []
+        while (timer := timers.poll(now)) is not None:
+            due.append(timer)
+        return due
+
+    def fire(self, timers: list[tuple[Any, int, TimeDomain]], out: list[Any]) -> None:
+        """Run the function for timers :meth:`take_due` removed."""
+        if self.vectorized:
+            self._call_on_timers(timers, out)
+            return
+        for timer in timers:
+            produced = self.on_timer(*timer)
+            if produced is not None:
+                out.extend(produced)
+
+    def _fire_frame(self, poll: Callable[[], tuple[Any, int, TimeDomain] | None],
+                    out: list[Any]) -> None:
+        """Vectorized functions get the due timers as frames of (key, timestamp, domain), one
+        call per round: timers a call registers that are due already come in the next frame."""
+        while True:
+            fired = []
+            while (timer := poll()) is not None:
+                fired.append(timer)
+            if not fired:
+                return
+            self._call_on_timers(fired, out)
+
+    def _call_on_timers(self, fired: list[tuple[Any, int, TimeDomain]], out: list[Any]) -> None:
+        import pandas as pd
+
+        frame = pd.DataFrame([(k, t, d.name) for k, t, d in fired],
+                             columns=["key", "timestamp", "domain"])
+        result = self.function.on_timers(frame, self.bulk)
+        if result is not None and len(result):
+            out.append(result)
+
+
+class VectorizedState(BulkState):
+    """What a vectorized function gets as ``state``: bulk state access, plus the timers of many
+    keys at once and the partition's time."""
+
+    def __init__(self, backend: KeyedStateBackend, timers: InternalTimerService) -> None:
+        super().__init__(backend)
+        self.timers = timers
+
+    def current_processing_time(self) -> int:
+        return self.timers.current_processing_time()
+
+    def current_watermark(self) -> int:
+        return self.timers.current_watermark()
+
+    def _each(self, domain: TimeDomain, keys: Iterable[Any], timestamps: Iterable[Any],
+              delete: bool) -> None:
+        keys, timestamps = list(keys), list(timestamps)
+        if len(keys) != len(timestamps):
+            raise ValueError("keys and timestamps differ in length")
+        set_key = self.backend.set_current_key
+        act = self.timers.delete if delete else self.timers.register
+        for key, timestamp in zip(keys, timestamps, strict=True):
+            set_key(key)
+            act(domain, timestamp)
+
+    def register_event_time_timers(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
+        """One event-time timer per (key, timestamp) pair; ``on_timers`` gets them when due."""
+        self._each(TimeDomain.EVENT_TIME, keys, timestamps, delete=False)
+
+    def register_processing_time_timers(self, keys: Iterable[Any], timestamps: Iterable[int]
+                                        ) -> None:
+        """One processing-time timer per (key, timestamp) pair."""
+        self._each(TimeDomain.PROCESSING_TIME, keys, timestamps, delete=False)
+
+    def delete_event_time_timers(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
+        self._each(TimeDomain.EVENT_TIME, keys, timestamps, delete=True)
+
+    def delete_processing_time_timers(self, keys: Iterable[Any], timestamps: Iterable[int]
+                                      ) -> None:
+        self._each(TimeDomain.PROCESSING_TIME, keys, timestamps, delete=True)
+
+    def timers_of(self, key: Any, domain: TimeDomain = TimeDomain.EVENT_TIME) -> list[int]:
+        """``key``'s timers of ``domain``, earliest first."""
+        self.backend.set_current_key(key)
+        return self.timers.timers_of_current_key(domain)
+
+
+def _without_timers(name: str) -> Refusal:
+    def refuse(domain: TimeDomain) -> str:
+        return (f"{name} registers timers but defines no on_timers(timers, state) to receive "
+                "them: define it")
+
+    return refuse
+
+
+def _tagged(timer: tuple[Any, int] | None, domain: TimeDomain
+            ) -> tuple[Any, int, TimeDomain] | None:
+    return None if timer is None else (timer[0], timer[1], domain)
