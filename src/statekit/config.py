@@ -219,6 +219,9 @@ OPTIONS: tuple[Option, ...] = (
            "Dotted path of a RocksDBOptionsFactory.", described=True),
     Option("state.backend.rocksdb.checkpoint.transfer.thread.num", _POS_INT, "1",
            "Threads uploading and downloading RocksDB files."),
+    Option("state.backend.rocksdb.timer-service.factory", _choice("ROCKSDB", "HEAP"), "ROCKSDB",
+           "Where the RocksDB backend keeps timers: `ROCKSDB` (column families, larger than "
+           "memory) or `HEAP` (in memory, faster)."),
     Option("state.backend.rocksdb.ttl.compaction.filter.enabled", parse_bool, "true",
            "Drop expired TTL entries during checkpoints (compaction-filter stand-in)."),
     # --- heap ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.kvformat import KV_FORMATS
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
+from statekit.backends.rocksdb.heap_timers import HeapTimers
 from statekit.backends.rocksdb.restore import RocksDBRestoreOperation
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, RocksDBSnapshotStrategy
 from statekit.backends.rocksdb.states import (
@@ -28,7 +29,13 @@ from statekit.backends.rocksdb.states import (
     RocksState,
 )
 from statekit.backends.rocksdb.timers import RocksDBTimerQueue
-from statekit.backends.timers import TIMERS_KIND, TIMERS_LAYOUT, TimerQueue, timer_state_name
+from statekit.backends.timers import (
+    TIMERS_KIND,
+    TIMERS_LAYOUT,
+    TimerQueue,
+    timer_meta,
+    timer_state_name,
+)
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError, CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
@@ -50,7 +57,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  max_parallelism: int, clock: Callable[[], int] | None = None, *,
                  instance_dir: str, options: Callable[[], Options],
                  incremental: bool = False, transfer_threads: int = 1,
-                 ttl_compaction_filter: bool = True) -> None:
+                 ttl_compaction_filter: bool = True, timer_factory: str = "ROCKSDB") -> None:
         self._prefix: bytes | None = None
         self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
         self._key_ser = as_key_serializer(key_serializer).serialize  # canonical key bytes
@@ -77,6 +84,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._disposed = False
         self._timer_queues: dict[str, TimerQueue] = {}
         self._native_queues: dict[str, RocksDBTimerQueue] = {}
+        #: timers on the heap (``timer-service.factory: HEAP``), and restored ones in transit
+        self.heap_timers = timer_factory == "HEAP"
+        self._heap = HeapTimers(self)
         live_backends.add(self)
 
     # --- current key: the key-group prefix is computed once per key --------------------------------
@@ -163,6 +173,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """The timer queue ``name``: two column families (by key, by time) and each key group's
         earliest timer in memory."""
         queue = self._timer_queues.get(name)
+        if queue is None and self.heap_timers:
+            state = timer_state_name(name)
+            if not create and state not in self._heap.restored:
+                return None
+            queue = self._heap.queue(name, timer_meta(name, self.key_serializer))
+            if self.timer_interceptor is not None:
+                queue = self.timer_interceptor(queue)
+            self._timer_queues[name] = queue
         if queue is None:
             state = timer_state_name(name)
             info = self._state_info.get(state)

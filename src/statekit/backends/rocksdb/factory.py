@@ -71,6 +71,8 @@ def _parse_options_factory(key: str, value: Any) -> OptionsFactory | str | None:
     return value  # type: ignore[no-any-return]
 
 
+_TIMER_KEY = "state.backend.rocksdb.timer-service.factory"
+
 #: the RocksDB backend's flat keys (a setting made in code wins over them)
 _SETTINGS = (
     Setting("_incremental", ("execution.checkpointing.incremental", "state.backend.incremental")),
@@ -80,6 +82,7 @@ _SETTINGS = (
     Setting("_options_factory", ("state.backend.rocksdb.options-factory",), _parse_options_factory),
     Setting("_threads", (_THREADS_KEY,)),
     Setting("_ttl_filter", ("state.backend.rocksdb.ttl.compaction.filter.enabled",)),
+    Setting("_timer_factory", (_TIMER_KEY,)),
 )
 
 
@@ -104,6 +107,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         self._options_factory: OptionsFactory | str | None = None
         self._threads: int | None = None
         self._ttl_filter: bool | None = None
+        self._timer_factory: str | None = None
 
     # --- PyFlink getters and setters ------------------------------------------------------------
 
@@ -156,6 +160,23 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         """Threads used to transfer files (default 1); misspelt as PyFlink spells it."""
         return self._threads or self.DEFAULT_TRANSFER_THREADS
 
+    def set_number_of_transfer_threads(self, number_of_transfer_threads: int) -> None:
+        """Threads uploading and downloading files (PyFlink's later spelling)."""
+        self.set_number_of_transfering_threads(number_of_transfer_threads)
+
+    def get_number_of_transfer_threads(self) -> int:
+        """Threads used to transfer files (default 1)."""
+        return self.get_number_of_transfering_threads()
+
+    def set_priority_queue_state_type(self, state_type: str) -> None:
+        """Where timers live: ``"ROCKSDB"`` (the default: two column families per queue) or
+        ``"HEAP"`` (in memory, snapshotted with the checkpoint), Flink's
+        ``state.backend.rocksdb.timer-service.factory``."""
+        self._timer_factory = BY_KEY[_TIMER_KEY].parse(_TIMER_KEY, state_type)
+
+    def get_priority_queue_state_type(self) -> str:
+        return self._timer_factory or str(default(_TIMER_KEY))
+
     def enable_ttl_compaction_filter(self) -> None:
         """Clean up expired TTL state in the background (the default)."""
         self._ttl_filter = True
@@ -207,6 +228,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
             incremental=self.is_incremental_checkpoints_enabled(),
             transfer_threads=self.get_number_of_transfering_threads(),
             ttl_compaction_filter=self.is_ttl_compaction_filter_enabled(),
+            timer_factory=self.get_priority_queue_state_type(),
         )
 
     def __repr__(self) -> str:

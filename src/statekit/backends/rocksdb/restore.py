@@ -147,10 +147,13 @@ class RocksDBRestoreOperation:
             self._note_states(base)
             for _, handle, reader in native[1:]:
                 self._copy_from(handle, reader)
+            for _, handle, reader in native:
+                backend._heap.load_plain(handle, reader)
         if neutral:
             self._ingest_kv(neutral, key_filter, skip_states)
         if not native and not neutral:
             backend._ensure_open()
+        backend._heap.settle(use_heap=backend.heap_timers)
 
     def _reset_db(self) -> None:
         backend = self.backend
@@ -214,10 +217,14 @@ class RocksDBRestoreOperation:
         for name, entry, kg, keys, values in entries:
             if name in skip_states:
                 continue
+            kind = entry["kind"]
+            if kind == TIMERS_KIND and backend.heap_timers:  # kept on the heap, not in RocksDB
+                for kb, vb in zip(keys, values, strict=True):
+                    backend._heap.add_serialized(name, kb, vb)
+                continue
             self._note_state(name, entry)
             backend._cf(name)
             handle = backend._db.get_column_family_handle(name)
-            kind = entry["kind"]
             index = None
             if kind == TIMERS_KIND:
                 backend._cf(index_name(name))

@@ -28,6 +28,7 @@ from statekit.backends.kvformat import (
 )
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
+from statekit.backends.rocksdb.heap_timers import check_heap_timers
 from statekit.backends.timers import TIMERS_KIND
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
@@ -63,6 +64,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
         schema.boolean(task["incremental"], f"{path}.incremental")
     if "reused_sst" in task:
         schema.integer(task["reused_sst"], f"{path}.reused_sst", 0)
+    check_heap_timers(task, path, recorded)
 
 
 schema.register_format(ROCKSDB_FORMAT, _check_native)
@@ -96,6 +98,7 @@ class RocksDBSnapshotStrategy:
         finally:
             del checkpoint
         info = {name: dict(backend._state_info[name]) for name in backend._state_names()}
+        heap_timers = backend._heap.capture()  # timers kept on the heap: constant time
         base = dict(backend._confirmed) if backend.incremental and not savepoint else {}
         metas = dict(backend._metas)
         limits = {name: meta.ttl.snapshot_limit() for name, meta in metas.items() if meta.ttl}
@@ -103,15 +106,24 @@ class RocksDBSnapshotStrategy:
 
         def run() -> dict[str, Any]:
             try:
+                timers = backend._heap.write(heap_timers, streams, savepoint)
                 if savepoint:
-                    return self._write_savepoint(target, streams, info, metas)
+                    handle = self._write_savepoint(target, streams, info, metas)
+                    handle["states"].update(timers)
+                    handle["state_count"] = len(handle["states"])
+                    return handle
                 if expiring:
                     self._drop_expired_in(target, expiring)
-                return self._upload(checkpoint_id, target, streams, info, base)
+                handle = self._upload(checkpoint_id, target, streams, info, base)
+                if timers:
+                    handle["heap_timers"] = timers
+                return handle
             finally:
+                backend._heap.release(heap_timers)
                 shutil.rmtree(target, ignore_errors=True)
 
         def cancel() -> None:
+            backend._heap.release(heap_timers)
             shutil.rmtree(target, ignore_errors=True)
 
         return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
