@@ -314,6 +314,9 @@ class LocalJob:
             natural = self.watermark
             self._advance_watermark(tasks, MAX_WATERMARK)
             self.watermark = natural  # what a resumed job goes on from
+            if not checkpointing:
+                outputs.release(outputs.open)
+                outputs.open = []
         if checkpointing:  # a final checkpoint, so a later run can resume at the end of input
             self._checkpoint(tasks, coordinator, position)
         coordinator.poll(wait=True)
