@@ -77,5 +77,5 @@ def test_timer_factory_key():
         {"state.backend.rocksdb.timer-service.factory": "heap"})
     assert backend.get_priority_queue_state_type() == "HEAP"
     assert EmbeddedRocksDBStateBackend().get_priority_queue_state_type() == "ROCKSDB"
-    with pytest.raises(ConfigError, match="timer-service.factory"):
+    with pytest.raises(ConfigError, match=r"timer-service\.factory"):
         EmbeddedRocksDBStateBackend.from_config({"state.backend.rocksdb.timer-service.factory": "x"})

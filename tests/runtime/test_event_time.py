@@ -82,7 +82,7 @@ def test_monotonous_and_no_watermarks(tmp_path):
     mono = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(
         lambda v, ts: v[1])
     out = run(env, events, Echo(), mono)
-    assert [o for o in out if o[0] == "timer"][0] == ("timer", "a", 11, 49)
+    assert next(o for o in out if o[0] == "timer") == ("timer", "a", 11, 49)
     none = WatermarkStrategy.no_watermarks().with_timestamp_assigner(lambda v, ts: v[1])
     out = run(env, events, Echo(), none)
     assert [o[3] for o in out if o[0] == "el"] == [-(2**63)] * 2
