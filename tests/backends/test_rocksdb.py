@@ -352,6 +352,32 @@ def test_ttl_compaction_filter_sweep_and_savepoint_cleanup(tmp_path):
         kb.dispose()
 
 
+def test_ttl_compaction_filter_budget_and_periodic_pass(tmp_path):
+    """Each checkpoint looks at ``query_time_after_num_entries`` entries; a pass that started
+    ``periodic_compaction_time`` ago is finished at once, so every entry is seen in that time."""
+    clock = Clock()
+    access = storage_access(tmp_path)
+    kb = keyed(clock=clock)
+    try:
+        d = ValueStateDescriptor("ttl", Types.LONG())
+        d.enable_time_to_live(StateTtlConfig.new_builder(Time.seconds(10))
+                              .cleanup_in_rocksdb_compact_filter(4, Time.minutes(1)).build())
+        state = kb.get_partitioned_state(d)
+        for i in range(20):
+            kb.set_current_key(f"k{i:02d}")
+            state.update(i)
+        clock.now += 20_000  # all expired
+        checkpoint(kb, access, 1)
+        assert len(list(kb._cfs["ttl"].keys())) == 16  # the first 4 looked at and dropped
+        checkpoint(kb, access, 2)
+        assert len(list(kb._cfs["ttl"].keys())) == 12
+        clock.now += 60_000  # the pass started a minute ago: it is finished now
+        checkpoint(kb, access, 3)
+        assert list(kb._cfs["ttl"].keys()) == []
+    finally:
+        kb.dispose()
+
+
 def test_ttl_filter_disabled_keeps_entries(tmp_path):
     clock = Clock()
     backend = rocks()

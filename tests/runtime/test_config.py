@@ -90,7 +90,7 @@ def test_storage_constructors():
     assert jm.get_max_state_size() == 5 * 1024 * 1024 and jm.get_checkpoint_path() is None
     assert JobManagerCheckpointStorage("/tmp/a/", 100).get_savepoint_path() == "/tmp/a"
     fs = FileSystemCheckpointStorage("/tmp/b")
-    assert fs.get_min_file_size_threshold() == 20480 and fs.get_write_buffer_size() == 20480
+    assert fs.get_min_file_size_threshold() == 20480 and fs.get_write_buffer_size() == 4096
     with pytest.raises(ConfigError, match="inline-threshold"):
         FileSystemCheckpointStorage("/tmp/b", file_state_size_threshold=2 * 1024 * 1024)
     assert isinstance(CustomCheckpointStorage(fs).storage, FileSystemCheckpointStorage)
@@ -271,3 +271,52 @@ def test_checkpoint_config_reads_its_own_keys(tmp_path):
     with pytest.raises(ConfigError) as info:
         c.configure({"execution.checkpointing.timeout": "soon"})
     assert info.value.key == "execution.checkpointing.timeout"
+
+
+def test_pyflink_names_that_used_to_fail():
+    """PyFlink names that raised at run time: each works and means what PyFlink means."""
+    import datetime as dt
+
+    from statekit import (
+        AggregateFunction,
+        AggregatingStateDescriptor,
+        ReducingStateDescriptor,
+        StateTtlConfig,
+        Time,
+        Types,
+    )
+    from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+    from statekit.runtime.functions import RuntimeContext
+
+    rocks = EmbeddedRocksDBStateBackend()
+    rocks.set_number_of_transfer_threads(3)
+    assert rocks.get_number_of_transfer_threads() == 3 == rocks.get_number_of_transfering_threads()
+    ttl = (StateTtlConfig.new_builder(Time.seconds(1))
+           .cleanup_in_rocksdb_compact_filter(500, Time.hours(1)).build())
+    strategies = ttl.get_cleanup_strategies()
+    assert strategies.get_rocksdb_compact_filter_cleanup_strategy() == 500
+    assert strategies.get_periodic_compaction_time() == 3_600_000
+    reduce = ReducingStateDescriptor("r", lambda a, b: a + b, Types.LONG())
+    assert reduce.get_reduce_function()(2, 3) == 5
+
+    class Avg(AggregateFunction):
+        def create_accumulator(self):
+            return 0
+
+        def add(self, value, accumulator):
+            return accumulator + value
+
+        def get_result(self, accumulator):
+            return accumulator
+
+    agg = Avg()
+    assert AggregatingStateDescriptor("a", agg, Types.LONG()).get_agg_function() is agg
+    context = RuntimeContext(None, "keyed-process", 1, 4, 128, attempt=2)
+    assert context.get_task_name_with_subtasks() == "keyed-process (2/4)#2"
+    for info, value in ((Types.LOCAL_DATE(), dt.date(2024, 1, 2)),
+                        (Types.LOCAL_TIME(), dt.time(3, 4)),
+                        (Types.LOCAL_DATE_TIME(), dt.datetime(2024, 1, 2, 3, 4))):
+        serializer = info.get_serializer()
+        assert serializer.deserialize(serializer.serialize(value)) == value
+        assert serializer.check("not a date") is not None
+    assert FileSystemCheckpointStorage("/tmp/b", write_buffer_size=100).get_write_buffer_size() == 100

@@ -101,8 +101,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         return self._threshold
 
     def get_write_buffer_size(self) -> int:
-        """Write buffer of checkpoint streams: max(configured buffer, inline threshold), as Flink."""
-        return max(self._write_buffer_size, self._threshold)
+        """The write buffer size as configured (Flink's getter returns it as set and applies
+        ``max(buffer, inline threshold)`` only where it creates a stream)."""
+        return self._write_buffer_size
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         location = f"{self._checkpoint_path}/{job_id}"

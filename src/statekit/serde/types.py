@@ -141,6 +141,23 @@ class Types:
         )
 
     @staticmethod
+    def LOCAL_DATE() -> TypeInformation:
+        """A ``datetime.date`` (PyFlink's ``LOCAL_DATE``)."""
+        return TypeInformation(
+            "LOCAL_DATE()", lambda: ExtSerializer("LOCAL_DATE", (_dt.date,), (_dt.datetime,)))
+
+    @staticmethod
+    def LOCAL_TIME() -> TypeInformation:
+        """A ``datetime.time`` (PyFlink's ``LOCAL_TIME``)."""
+        return TypeInformation("LOCAL_TIME()", lambda: ExtSerializer("LOCAL_TIME", (_dt.time,)))
+
+    @staticmethod
+    def LOCAL_DATE_TIME() -> TypeInformation:
+        """A ``datetime.datetime`` (PyFlink's ``LOCAL_DATE_TIME``)."""
+        return TypeInformation(
+            "LOCAL_DATE_TIME()", lambda: ExtSerializer("LOCAL_DATE_TIME", (_dt.datetime,)))
+
+    @staticmethod
     def INSTANT() -> TypeInformation:
         return TypeInformation("INSTANT()", lambda: ExtSerializer("INSTANT", (_dt.datetime,)))
 
@@ -232,7 +249,8 @@ _SCALAR_CONFIGS: dict[str, Callable[[], TypeInformation]] = {
     "LONG": Types.LONG, "BOOLEAN": Types.BOOLEAN, "FLOAT": Types.FLOAT, "DOUBLE": Types.DOUBLE,
     "CHAR": Types.CHAR, "BIG_INT": Types.BIG_INT, "BIG_DEC": Types.BIG_DEC,
     "SQL_DATE": Types.SQL_DATE, "SQL_TIME": Types.SQL_TIME, "SQL_TIMESTAMP": Types.SQL_TIMESTAMP,
-    "INSTANT": Types.INSTANT, "generic": Types.GENERIC,
+    "INSTANT": Types.INSTANT, "generic": Types.GENERIC, "LOCAL_DATE": Types.LOCAL_DATE,
+    "LOCAL_TIME": Types.LOCAL_TIME, "LOCAL_DATE_TIME": Types.LOCAL_DATE_TIME,
     "BYTES": lambda: Types.PRIMITIVE_ARRAY(Types.BYTE()),
 }
 _LIST_CONFIGS = ("list", "basic_array", "object_array", "primitive_array")

@@ -163,6 +163,10 @@ class ReducingStateDescriptor(StateDescriptor):
         else:
             raise StateError("reduce_function must be a ReduceFunction or a callable", name)
 
+    def get_reduce_function(self) -> Callable[[Any, Any], Any]:
+        """The function combining two values (PyFlink's getter)."""
+        return self.reduce_function
+
     def layout(self) -> list[Any]:
         return [StateKind.VALUE.value, *super().layout()[1:]]
 
@@ -178,6 +182,10 @@ class AggregatingStateDescriptor(StateDescriptor):
         if not isinstance(agg_function, AggregateFunction):
             raise StateError("agg_function must be an AggregateFunction", name)
         self.agg_function = agg_function
+
+    def get_agg_function(self) -> AggregateFunction:
+        """The aggregate function (PyFlink's getter)."""
+        return self.agg_function
 
     def layout(self) -> list[Any]:
         return [StateKind.VALUE.value, *super().layout()[1:]]

@@ -17,6 +17,9 @@ from statekit.serde.msgpack import unpackb
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import ListState, MapState, ValueState
 
+#: Flink's default periodic compaction time of the RocksDB TTL filter: 30 days
+DEFAULT_PERIODIC_COMPACTION_MS = 30 * 24 * 3_600_000
+
 
 class StateTtlConfig:
     """Time-to-live of state entries, by processing time (PyFlink's builder API)."""
@@ -37,11 +40,13 @@ class StateTtlConfig:
         """Which background cleanups run; full-snapshot cleanup drops expired entries on snapshot."""
 
         def __init__(self, full_snapshot: bool, incremental: tuple[int, bool] | None,
-                     compaction_filter: int | None, in_background: bool) -> None:
+                     compaction_filter: int | None, in_background: bool,
+                     periodic_compaction_ms: int = DEFAULT_PERIODIC_COMPACTION_MS) -> None:
             self._full_snapshot = full_snapshot
             self._incremental = incremental
             self._compaction_filter = compaction_filter
             self._in_background = in_background
+            self._periodic = periodic_compaction_ms
 
         def is_cleanup_in_background(self) -> bool:
             return self._in_background
@@ -60,6 +65,10 @@ class StateTtlConfig:
             if self._compaction_filter is not None:
                 return self._compaction_filter
             return 1000 if self._in_background else None
+
+        def get_periodic_compaction_time(self) -> int:
+            """Milliseconds within which RocksDB's cleanup visits every entry once."""
+            return self._periodic
 
     def __init__(self, update_type: StateTtlConfig.UpdateType,
                  state_visibility: StateTtlConfig.StateVisibility, ttl: int,
@@ -104,6 +113,7 @@ class StateTtlConfig:
             self._full_snapshot = False
             self._incremental: tuple[int, bool] | None = None
             self._compaction_filter: int | None = None
+            self._periodic = DEFAULT_PERIODIC_COMPACTION_MS
             self._in_background = True
 
         def set_update_type(self, update_type: StateTtlConfig.UpdateType) -> StateTtlConfig.Builder:
@@ -151,9 +161,20 @@ class StateTtlConfig:
             return self
 
         def cleanup_in_rocksdb_compact_filter(
-            self, query_time_after_num_entries: int = 1000
+            self, query_time_after_num_entries: int = 1000,
+            periodic_compaction_time: Time | _dt.timedelta | int | None = None,
         ) -> StateTtlConfig.Builder:
-            self._compaction_filter = query_time_after_num_entries
+            """Clean up expired entries in RocksDB's background: at each checkpoint statekit
+            examines the next ``query_time_after_num_entries`` entries of the state (reading the
+            clock once for them, as Flink's filter does), and completes a pass over every entry
+            at least once per ``periodic_compaction_time`` (default 30 days, as Flink's)."""
+            if isinstance(query_time_after_num_entries, bool) or int(
+                    query_time_after_num_entries) < 1:
+                raise ValueError("query_time_after_num_entries must be a positive number")
+            self._compaction_filter = int(query_time_after_num_entries)
+            self._periodic = (DEFAULT_PERIODIC_COMPACTION_MS if periodic_compaction_time is None
+                              else to_millis(periodic_compaction_time, "periodic_compaction_time",
+                                             minimum=0))
             return self
 
         def disable_cleanup_in_background(self) -> StateTtlConfig.Builder:
@@ -166,8 +187,8 @@ class StateTtlConfig:
 
         def build(self) -> StateTtlConfig:
             strategies = StateTtlConfig.CleanupStrategies(
-                self._full_snapshot, self._incremental, self._compaction_filter, self._in_background
-            )
+                self._full_snapshot, self._incremental, self._compaction_filter, self._in_background,
+                self._periodic)
             return StateTtlConfig(self._update_type, self._visibility, self._ttl, strategies)
 
 

@@ -75,7 +75,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._state_info: dict[str, dict[str, Any]] = {}  # name -> {"layout", "kind"}
         self._rstates: dict[str, RocksState] = {}
         self._metas: dict[str, StateMeta] = {}
-        self._sweep_cursor: dict[str, bytes] = {}
+        self._sweep_cursor: dict[str, tuple[bytes, int]] = {}  # TTL sweep: position, pass start
         self._lock = threading.Lock()
         self._pending: dict[int, dict[str, dict[str, Any]]] = {}
         self._confirmed: dict[str, dict[str, Any]] = {}

@@ -69,7 +69,6 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
 
 schema.register_format(ROCKSDB_FORMAT, _check_native)
 
-_TTL_SWEEP_BUDGET = 1000  # entries per TTL state examined per checkpoint (compaction-filter stand-in)
 
 
 class RocksDBSnapshotStrategy:
@@ -139,30 +138,37 @@ class RocksDBSnapshotStrategy:
                 continue
             registered = backend._states.get(name)
             config = registered[0].ttl_config if registered else None
-            if config is None or config.get_cleanup_strategies(
-            ).get_rocksdb_compact_filter_cleanup_strategy() is None:
+            strategies = config.get_cleanup_strategies() if config is not None else None
+            budget = (strategies.get_rocksdb_compact_filter_cleanup_strategy()
+                      if strategies is not None else None)
+            if budget is None:
                 continue
-            self._sweep_state(name, meta)
+            self._sweep_state(name, meta, budget, strategies.get_periodic_compaction_time())  # type: ignore[union-attr]
 
-    def _sweep_state(self, name: str, meta: StateMeta) -> None:
-        """Delete expired entries among the next ``_TTL_SWEEP_BUDGET`` of one state."""
+    def _sweep_state(self, name: str, meta: StateMeta, budget: int, period: int) -> None:
+        """Delete expired entries among the next ``budget`` entries of one state (the clock is
+        read once for them), or all the rest of the pass when it started ``period`` ms ago."""
         backend = self.backend
         policy = meta.ttl
         assert policy is not None
-        limit = policy.clock() - policy.ttl
+        now = policy.clock()
+        limit = now - policy.ttl
+        cursor, started = backend._sweep_cursor.get(name, (b"", now))
+        if now - started >= period:
+            budget = -1  # finish the pass: every entry is looked at within the period
         cf = backend._cfs[name]
         handle = backend._db.get_column_family_handle(name)
         batch = WriteBatch(raw_mode=True)
         it = cf.iter()
-        it.seek(backend._sweep_cursor.get(name, b""))
+        it.seek(cursor)
         seen = 0
-        while it.valid() and seen < _TTL_SWEEP_BUDGET:
+        while it.valid() and seen != budget:
             value = it.value()
             if value and expired(value, limit):
                 batch.delete(it.key(), handle)
             seen += 1
             it.next()
-        backend._sweep_cursor[name] = it.key() if it.valid() else b""
+        backend._sweep_cursor[name] = (it.key(), started) if it.valid() else (b"", now)
         del it
         if len(batch):
             backend._db.write(batch)
