@@ -5,6 +5,7 @@ and without input, before the key's input of that batch, and across a restart of
 from __future__ import annotations
 
 import os
+import time
 
 import pandas as pd
 import pyarrow as pa
@@ -61,12 +62,19 @@ def write(directory, n, rows):
     os.utime(path, (1_000_000 + n, 1_000_000 + n))
 
 
+def wait_for(condition, what, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
 class Sink:
     def __init__(self):
         self.by_batch = {}
 
-    def __call__(self, df, batch_id):
-        self.by_batch.setdefault(batch_id, []).extend(tuple(r) for r in df.collect())
+    def __call__(self, df, batch_id):  # a batch run again replaces its rows
+        self.by_batch[batch_id] = [tuple(r) for r in df.collect()]
 
 
 def start(spark, adapter, backend, input_dir, checkpoint, sink, function=None, **options):
@@ -83,14 +91,16 @@ def start(spark, adapter, backend, input_dir, checkpoint, sink, function=None, *
         if adapter == "transform_with_state":
             out = transform_with_state(grouped, function, OUTPUT, event_time_column="ts",
                                        conf=conf, operator_id=f"alarm-{backend}",
-                                       **{"time_mode": "ProcessingTime", **options})
+                                       **{"time_mode": "EventTime", **options})
         else:
             out = apply_in_pandas_with_state(grouped, function, OUTPUT, event_time_column="ts",
                                              conf=conf, operator_id=f"alarm-{backend}",
                                              **{"timeout_conf": "ProcessingTimeTimeout",
                                                 **options})
         writer = out.writeStream.foreachBatch(sink).outputMode("update")
-    return writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    # not availableNow: with processing-time timeouts Spark runs batches without input at every
+    # trigger, so such a query would never end by itself
+    return writer.option("checkpointLocation", checkpoint).start()
 
 
 def test_timers_on_every_adapter_and_backend(spark, tmp_path):
@@ -101,20 +111,34 @@ def test_timers_on_every_adapter_and_backend(spark, tmp_path):
         write(inputs[run], 0, [("a", 100 * S), ("b", 100 * S)])
         write(inputs[run], 1, [("a", 130 * S)])
 
-    def run_all():
-        queries = [start(spark, *run, inputs[run], str(tmp_path / f"cp-{run[0]}-{run[1]}"),
-                         sinks[run]) for run in runs]
-        for query in queries:
-            query.awaitTermination()
-            assert query.exception() is None
+    def run_all(done):
+        """Run each query until its sink shows ``done``, then stop it (queries with
+        processing-time timeouts run batches without input forever, so no query ends itself)."""
+        for backend in BACKENDS:  # three queries at a time: each adapter once
+            started = {run: start(spark, *run, inputs[run],
+                                  str(tmp_path / f"cp-{run[0]}-{run[1]}"), sinks[run])
+                       for run in runs if run[1] == backend}
+            for run, query in started.items():
+                wait_for(lambda run=run, query=query: done(sinks[run]) or query.exception(),
+                         f"{run}: {sinks[run].by_batch}")
+                query.stop()
+                assert query.exception() is None, run
 
-    run_all()
+    def first_done(sink):
+        seen = {(k, kind, n) for rows in sink.by_batch.values() for k, kind, n, _ in rows}
+        return {("a", "el", 2), ("a", "proc", 1), ("b", "proc", 1)} <= seen
+
+    def second_done(sink):
+        seen = {(k, kind, ts) for rows in sink.by_batch.values() for k, kind, _, ts in rows}
+        return {("a", "event", 110 * S), ("b", "event", 110 * S), ("c", "el", 131 * S)} <= seen
+
+    run_all(first_done)
     for run in runs:  # more input for a restarted query: the timers were checkpointed
         write(inputs[run], 2, [("c", 131 * S)])
-    run_all()
+    run_all(second_done)
     for run in runs:
         got = sinks[run].by_batch
-        rows = {b: sorted(r for r in rows if r[1] != "el" or True) for b, rows in got.items()}
+        rows = {b: sorted(rows) for b, rows in got.items()}
         # batch 0: the elements; processing-time timers at batch 0's time + 1
         assert sorted((k, kind, n) for k, kind, n, _ in rows[0]) == [
             ("a", "el", 1), ("b", "el", 1)], run
@@ -153,7 +177,8 @@ def test_timers_an_adapter_cannot_deliver_are_refused(spark, tmp_path, adapter, 
     query = start(spark, adapter, "hashmap", str(tmp_path / "in"), str(tmp_path / "cp"), Sink(),
                   function=Misplaced(), **options)
     with pytest.raises(Exception) as info:
-        query.awaitTermination()
+        query.processAllAvailable()
+    query.stop()
     error = statekit_error(info.value)
     assert isinstance(error, StateError) and setting in str(error)
 

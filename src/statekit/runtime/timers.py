@@ -71,15 +71,21 @@ class InternalTimerService:
         return MAX_TIMESTAMP if head is None else head
 
     def queue(self, domain: TimeDomain, create: bool = False) -> TimerQueue:
-        """The queue of ``domain`` (created in the backend when ``create``)."""
+        """The queue of ``domain`` (created in the backend when ``create``; one the backend
+        created meanwhile, e.g. for a replayed change, is taken up too)."""
         event = domain is TimeDomain.EVENT_TIME
         queue = self.event if event else self.processing
-        if queue is _EMPTY and create:
-            queue = self.backend.timer_queue(EVENT_TIMERS if event else PROCESSING_TIMERS)
+        if queue is _EMPTY:
+            found = self.backend.timer_queue(EVENT_TIMERS if event else PROCESSING_TIMERS, create)
+            if found is None:
+                return queue
+            queue = found
             if event:
                 self.event = queue
+                self.next_event = self._head(queue)
             else:
                 self.processing = queue
+                self.next_processing = self._head(queue)
         return queue
 
     # --- time ---------------------------------------------------------------------------------------

@@ -8,11 +8,16 @@ replay reproduces exactly the stored values, and a change costs its size, not th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from statekit.backends.base import StateMeta
-from statekit.backends.timers import TimerQueue, timer_state_name
+from statekit.backends.timers import (
+    TIMER_STATE_PREFIX,
+    TimerQueue,
+    is_timer_state,
+    timer_state_name,
+)
 from statekit.errors import CorruptCheckpointError, StateError
 from statekit.state.api import ListState, MapState, State, ValueState
 
@@ -30,6 +35,8 @@ class ChangeRecorder:
         self.active = False
         self.raw: dict[str, tuple[StateMeta, State]] = {}
         self.queues: dict[str, TimerQueue] = {}  # timer queues by state name
+        #: creates a timer queue in the backend (which hands it to :meth:`intercept_timers`)
+        self.create_queue: Callable[[str], Any] | None = None
 
     def intercept(self, meta: StateMeta, raw: State) -> State:
         """The backend's state interceptor: keep the raw state, hand out a recording one."""
@@ -77,9 +84,12 @@ class ChangeRecorder:
 
     def _replay_timer(self, name: str, code: int, args: list[Any], key: Any) -> None:
         queue = self.queues.get(name)
+        if queue is None and self.create_queue is not None and is_timer_state(name):
+            self.create_queue(name[len(TIMER_STATE_PREFIX):])
+            queue = self.queues.get(name)
         if queue is None:
             raise CorruptCheckpointError(f"the key's change log holds timers of '{name}', which "
-                                         "this function has no timer service for")
+                                         "no timer queue of this backend takes")
         if len(args) != 1 or type(args[0]) is not int:
             raise CorruptCheckpointError(f"malformed timer change {args!r} of '{name}'")
         (queue.add if code == T_ADD else queue.remove)(key, args[0])

@@ -57,6 +57,7 @@ class PartitionRuntime(PartitionLineage):
         self.recorder = ChangeRecorder()
         backend.state_interceptor = self.recorder.intercept
         backend.timer_interceptor = self.recorder.intercept_timers
+        self.recorder.create_queue = backend.timer_queue
         self.applied: Any = backend.get_partitioned_state(APPLIED)  # looked up once, not per call
         spec = self.spec
         previous, self.operator = self.operator, None
