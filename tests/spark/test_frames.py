@@ -150,3 +150,16 @@ def test_transform_with_state_timer_phase_asks_the_client():
     assert "ExpiredTimerIterator(" in phase and "delete_timer(" in phase
     assert "get_timestamps(" in phase and "handleExpiredTimer(" in phase
     assert "get_expiry_timers_iterator(" in inspect.getsource(ExpiredTimerIterator.__next__)
+
+
+def test_key_chunks_keep_timestamps_as_pandas_gives_them():
+    """A timestamp column reaches the function as pandas Timestamps, as pandas' own iteration
+    gives them (its numpy values' ``tolist()`` would give nanoseconds as ints)."""
+    concat, iloc = _pyspark_generators([1, 0])
+    chunk = pd.DataFrame({"key": ["a", "a"], "ts": pd.to_datetime([1_000, 2_000], unit="ms")})
+    expected = list(chunk.itertuples(index=False, name=None))
+    series = [[chunk[name] for name in chunk.columns]]
+    assert repr(list(key_rows(concat(iter(series))))) == repr(expected)
+    assert repr(list(key_rows(iloc(iter([("a", chunk)]))))) == repr(
+        list(chunk.iloc[:, [1, 0]].itertuples(index=False, name=None)))
+    assert repr(frame_rows(chunk)) == repr(expected)

@@ -28,6 +28,10 @@ _DTYPES: dict[frozenset[type], Any] = {
 }
 
 
+#: numpy dtype kinds whose ``tolist()`` is not what pandas hands out (datetime64, timedelta64)
+_TIMES = "Mm"
+
+
 @functools.cache
 def _infers_string() -> bool:
     """Whether pandas builds its own string dtype for str values (then pandas builds frames)."""
@@ -42,8 +46,10 @@ def frame_rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
         return list(frame.itertuples(index=False, name=None))
     column = getattr(frame, "_get_column_array", None)  # the column's values, no Series built
     arrays = [column(i) for i in range(width)] if column is not None else []
-    if column is None or not all(type(a) is np.ndarray for a in arrays):
-        # extension arrays (nullable, datetimes, categoricals): iteration and tolist() disagree
+    if column is None or not all(type(a) is np.ndarray and a.dtype.kind not in _TIMES
+                                 for a in arrays):
+        # extension arrays (nullable, datetimes, categoricals) and numpy datetimes: iteration
+        # and tolist() disagree (tolist() gives datetime64[ns] as int nanoseconds)
         return list(frame.itertuples(index=False, name=None))
     return list(zip(*[a.tolist() for a in arrays], strict=True))
 
@@ -119,7 +125,7 @@ def _columns_rows(columns: list[Any]) -> list[tuple[Any, ...]] | None:
     values = []
     for c in columns:
         array = c.to_numpy() if isinstance(c, pd.Series) and isinstance(c.dtype, np.dtype) else c
-        if type(array) is not np.ndarray or array.ndim != 1:
+        if type(array) is not np.ndarray or array.ndim != 1 or array.dtype.kind in _TIMES:
             return None
         values.append(array.tolist())
     if not values or len({len(v) for v in values}) != 1:
