@@ -47,6 +47,8 @@ from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import State, check_value
 from statekit.state.descriptors import StateDescriptor
 
+#: ints within this magnitude are one digit in CPython: they compare fastest (_set_int_key)
+_COMPACT = (1 << 30) - 1
 # incremental attempts neither confirmed nor aborted that are tracked; older ones are folded back
 # into the dirty sets (and can no longer become a base) so a caller that never notifies leaks nothing
 _MAX_UNCONFIRMED = 16
@@ -70,10 +72,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  pace_ratio: float = 1.0, snapshot_mode: str = "thread") -> None:
         super().__init__(key_serializer, key_group_range, max_parallelism, clock,
                          using_asynchronous_snapshots)
-        # set_current_key's fast path: key types and the integer range that pass without a call
-        bounds = self.key_check.bounds
+        # set_current_key's fast path: key types that pass without a call; INT and LONG keys
+        # (bounded, so checked per key) get a method of their own, chosen once
         self._fast_keys = self.key_check.fast
-        self._key_low, self._key_high = bounds if bounds is not None else (1, 0)
+        bounds = self.key_check.bounds
+        if bounds is not None and bounds[0] <= -_COMPACT and bounds[1] >= _COMPACT:
+            self.set_current_key = self._set_int_key  # type: ignore[method-assign]
         self.tables: dict[str, HeapTable] = {}
         # restored, still serialized chunks of states not registered yet
         self._restored: dict[str, Restored] = {}
@@ -91,9 +95,17 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Set the current key; keys of exactly the declared key type (str/int/bytes for generic
         keys) pass without a call, others are checked here: a key of another type, NaN or an
         unhashable key is a StateTypeError, as on RocksDB."""
-        t = type(key)
-        if t not in self._fast_keys and key is not NO_KEY and (
-                t is not int or not self._key_low <= key <= self._key_high):
+        if type(key) not in self._fast_keys and key is not NO_KEY:
+            self.key_check.check(key)
+        self.current_key = key
+
+    def _set_int_key(self, key: Any) -> None:
+        """:meth:`set_current_key` of INT and LONG keys (bound in ``__init__``): an int of at
+        most 30 bits passes with two comparisons of one-digit ints, CPython's fastest (literal
+        bounds: loading them from attributes cost as much again); anything else is checked in
+        full."""
+        if not (type(key) is int and key >= -1073741823 and key <= 1073741823  # +-_COMPACT
+                ) and key is not NO_KEY:
             self.key_check.check(key)
         self.current_key = key
 
