@@ -21,6 +21,7 @@ always did.
 from __future__ import annotations
 
 import reprlib
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,9 @@ _WIDER: dict[str, tuple[str, ...]] = {
     "INT": ("LONG", "BIG_INT"), "LONG": ("BIG_INT",), "CHAR": ("STRING",), "FLOAT": ("DOUBLE",),
 }
 
+#: ``array`` type codes whose range is exactly an integer key type's (BYTE, SHORT, INT, LONG)
+_WIDTHS = {(-(1 << (8 * array(code).itemsize - 1)), (1 << (8 * array(code).itemsize - 1)) - 1):
+           code for code in ("b", "h", "i", "q")}
 #: ``check(keys)``: StateTypeError unless every restored key is of the declared key type
 RestoreCheck = Callable[[Sequence[Any]], None]
 
@@ -99,6 +103,8 @@ class KeyCheck:
         self.bounds: tuple[int, int] | None = (low, high) if exact is int and low is not None \
             else None
         self.name = describe_type(self.config) if self.config is not None else "custom"
+        #: the ``array`` type code of exactly the integer key type's range (BYTE ... LONG)
+        self._width = _WIDTHS.get(self.bounds) if self.bounds is not None else None
 
     def check(self, key: Any) -> None:
         """StateTypeError unless ``key`` is a key (hashable, no NaN, ...) of the declared type."""
@@ -122,15 +128,18 @@ class KeyCheck:
         return bounds is not None and type(key) is int and bounds[0] <= key <= bounds[1]
 
     def check_all(self, keys: Sequence[Any]) -> None:
-        """:meth:`check` of every key (one C-level pass over the types, and for integer types
-        over the bounds, when every key is of exactly the declared type)."""
+        """:meth:`check` of every key: one C-level pass over the types when every key is of
+        exactly the declared type, and for BYTE/SHORT/INT/LONG one more over the range (packing
+        the keys into an ``array`` of that width, which refuses any key outside it)."""
         types = set(map(type, keys))
         if types <= self.fast:
             return
-        bounds = self.bounds
-        if bounds is not None and types == {int} and bounds[0] <= min(keys) and \
-                max(keys) <= bounds[1]:
-            return
+        if self._width is not None and types == {int}:
+            try:
+                array(self._width, keys)
+                return
+            except OverflowError:
+                pass
         for key in keys:
             self.check(key)
 
