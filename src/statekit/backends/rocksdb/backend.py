@@ -50,15 +50,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  incremental: bool = False, transfer_threads: int = 1,
                  ttl_compaction_filter: bool = True) -> None:
         self._prefix: bytes | None = None
-        self._prefix_caches: dict[type, dict[Any, bytes]] = {}
+        # prefixes of str/int/bytes keys, cached once the key passed the declared key type's
+        # check (so a cache hit needs none)
+        self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
         self._key_ser = as_key_serializer(key_serializer).serialize  # canonical key bytes
         self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
         super().__init__(key_serializer, key_group_range, max_parallelism, clock, True)
-        # prefixes are cached for the str/int/bytes keys of the declared key type, once checked
-        check = self.key_check
-        self._prefix_caches = {t: {} for t in (str, int, bytes)
-                               if check.generic or t in check.fast or
-                               (t is int and check.bounds is not None)}
         self.instance_dir = Path(instance_dir)
         self.db_path = self.instance_dir / "db"
         self._options = options
