@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from statekit.checkpoint import schema
 from statekit.checkpoint.checksum import part_locations
@@ -35,13 +35,15 @@ _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 PACE_SLICE = 2048
 
 
-class HandleHeader(TypedDict):
-    """What every task handle starts with, whatever its format: who wrote which key groups."""
+class HandleHeader(TypedDict, total=False):
+    """What every task handle starts with, whatever its format: who wrote which key groups, and
+    the key type of its keys (``key_type``, a serializer config; absent in older handles)."""
 
-    format: str
-    backend: str
-    key_group_range: list[int]
-    max_parallelism: int
+    format: Required[str]
+    backend: Required[str]
+    key_group_range: Required[list[int]]
+    max_parallelism: Required[int]
+    key_type: Any
 
 
 class KvHandle(HandleHeader):
@@ -72,12 +74,15 @@ class PlainEntry(TypedDict):
 
 def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
     """The common header of a task handle of ``backend`` in format ``fmt``."""
-    return {
+    header: HandleHeader = {
         "format": fmt,
         "backend": backend.backend_name,
         "key_group_range": backend.key_group_range.to_list(),
         "max_parallelism": backend.max_parallelism,
     }
+    if backend.key_check.config is not None:
+        header["key_type"] = backend.key_check.config
+    return header
 
 
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:

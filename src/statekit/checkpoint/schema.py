@@ -16,12 +16,14 @@ for it (:func:`register_format`); handles of unknown formats get the generic che
 from __future__ import annotations
 
 import itertools
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
 from statekit.checkpoint.blobstore.base import check_key
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
+from statekit.serde.types import serializer_from_config
 from statekit.state.descriptors import state_name_problem
 
 #: the largest file or chunk a handle may record (256 TiB)
@@ -121,6 +123,15 @@ def tiling(value: list[list[int]], path: str, size: int) -> None:
         end = offset + length
     if end != size:
         raise fail(path, f"the parts cover {end} of the file's {size} bytes")
+
+
+def key_type(value: Any, path: str) -> Any:
+    """A recorded key type: the config of a serializer statekit has."""
+    try:
+        serializer_from_config(value)
+    except (ValueError, TypeError, RecursionError):
+        raise fail(path, f"unknown key type {reprlib.repr(value)}") from None
+    return value
 
 
 def location(value: Any, path: str, size: int) -> list[int]:
@@ -224,6 +235,8 @@ def _check_task(task: dict[Any, Any], path: str, maxp: int | None) -> KeyGroupRa
     fmt = text(task["format"], f"{path}.format")
     if "backend" in task:
         text(task["backend"], f"{path}.backend")
+    if "key_type" in task:
+        key_type(task["key_type"], f"{path}.key_type")
     own = integer(task.get("max_parallelism"), f"{path}.max_parallelism", 1,
                   UPPER_BOUND_MAX_PARALLELISM)
     if maxp is not None and own != maxp:

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from statekit.errors import SerializationError
+from statekit.serde.types import describe_type as describe  # noqa: F401 (a short type name)
 
 Convert = Callable[[Any], Any] | None
 #: how a key or value column is chosen: ``"auto"`` (the recorded type; inferred when untyped),
@@ -39,24 +40,6 @@ _SCALARS: dict[str, tuple[pa.DataType, Convert]] = {
 }
 NAMES = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "double": pa.float64(),
          "binary": pa.binary(), "bool": pa.bool_()}
-
-
-def describe(config: Any) -> str:
-    """A short type name for a serializer config (``LONG``, ``LIST<STRING>``, ``MAP<...>``)."""
-    if isinstance(config, str):
-        return {"generic": "GENERIC", "pickle": "PICKLED"}.get(config, config)
-    if isinstance(config, list | tuple) and config:
-        name = str(config[0])
-        if name in _LISTS and len(config) == 2:
-            return f"{name.upper()}<{describe(config[1])}>"
-        if name == "map" and len(config) == 3:
-            return f"MAP<{describe(config[1])}, {describe(config[2])}>"
-        if name in ("tuple", "row") and len(config) == 2:
-            return f"{name.upper()}<{', '.join(describe(c) for c in config[1])}>"
-        if name == "row_named" and len(config) == 3:
-            fields = ", ".join(f"{n}: {describe(c)}" for n, c in zip(config[1], config[2], strict=False))
-            return f"ROW<{fields}>"
-    return repr(config)
 
 
 # --- JSON text for values without one Arrow type -------------------------------------------------
@@ -168,7 +151,7 @@ class RowPlan:
 
     def __init__(self, layout: list[Any], kind: str, sample: Callable[[], Chunk | None], *,
                  key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
-                 user_key_type: TypeChoice = "auto") -> None:
+                 user_key_type: TypeChoice = "auto", key_config: Any = "generic") -> None:
         self.kind, self.ttl = kind, bool(layout[3]) if len(layout) > 3 else False
         cached: list[Chunk | None] = []
 
@@ -192,7 +175,7 @@ class RowPlan:
                         out.append(pair[0] if stamped else pair)
             return out
 
-        self.key = _choose(key_type, "generic", keys)
+        self.key = _choose(key_type, key_config, keys)  # key_config: the recorded key type
         self.user_key = _choose(user_key_type, layout[2], lambda: parts(0)) if kind == "map" else None
         self.value = _choose(value_type, layout[1], lambda: parts(1 if kind == "map" else None))
         fields = [pa.field("key", self.key[0])]

@@ -148,6 +148,9 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
         workdirs.remove(work)
     handle = {"format": KV_FORMAT, "backend": name, "key_group_range": [0, maxp - 1],
               "max_parallelism": maxp, "states": entries}
+    recorded = [source.handle.get("key_type") for source in view.sources]
+    if recorded and recorded[0] is not None and all(r == recorded[0] for r in recorded):
+        handle["key_type"] = recorded[0]  # the keys are copied unchanged: so is their type
     kept = {k: v for k, v in body.items() if k in ("job_id", "job_name", "source", "parallelism",
                                                    "query_id", "operator_id", "batch")}
     return savepoint.commit({

@@ -59,6 +59,9 @@ class StateView:
         first = parts[0][1]
         self.kind, self.layout, self.ttl = first.kind, first.layout, first.ttl
         self.value_type, self.user_key_type = first.value_type, first.user_key_type
+        # the key type the snapshots record (generic, so inferred, when absent or mixed)
+        recorded = [source.handle.get("key_type", "generic") for _, _, source in parts]
+        self.key_config = recorded[0] if all(r == recorded[0] for r in recorded) else "generic"
         self._plans: dict[tuple[Any, ...], RowPlan] = {}
 
     @property
@@ -84,7 +87,8 @@ class StateView:
         plan = self._plans.get(cache_key)
         if plan is None:
             plan = RowPlan(self.layout, self.kind, self._sample, key_type=key_type,
-                           value_type=value_type, user_key_type=user_key_type)
+                           value_type=value_type, user_key_type=user_key_type,
+                           key_config=self.key_config)
             self._plans[cache_key] = plan
         return plan
 
