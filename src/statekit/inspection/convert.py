@@ -117,10 +117,12 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
 
     ``backend`` names the backend meant to restore it (recorded; every backend reads the
     format), ``max_parallelism`` the key groups it is cut into (default: the source's).
-    statekit's internal states are left out unless ``include_internal``.
+    statekit's internal states are left out unless ``include_internal``.  A target inside the
+    checkpoint's own directory is refused (ConfigError).
     """
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
         source, batch=batch, storage_options=storage_options)
+    view.check_outside(target_dir)
     operators = view.operators
     if operator is None and len(operators) > 1:
         raise StateError(f"{view.path} holds operators {', '.join(operators)}; name one")

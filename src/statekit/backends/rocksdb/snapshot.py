@@ -19,8 +19,8 @@ from rocksdict import Checkpoint, Options, WriteBatch
 
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import (
-    STATE_KINDS,
     KvStateData,
+    check_kind,
     check_state_count,
     handle_header,
     kv_handle,
@@ -44,9 +44,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
     """The schema pass over a native RocksDB handle: states, and file handles with plain names."""
     for name, info in schema.mapping(task.get("states"), f"{path}.states").items():
         where = f"{path}.states.{schema.state_name(name, f'{path}.states')}"
-        schema.sequence(schema.mapping(info, where).get("layout"), f"{where}.layout")
-        if info.get("kind") not in STATE_KINDS:
-            raise schema.fail(f"{where}.kind", f"expected one of {', '.join(STATE_KINDS)}")
+        check_kind(schema.mapping(info, where), where)
     for group in ("sst", "misc"):
         for name, handle in schema.mapping(task.get(group, {}), f"{path}.{group}").items():
             schema.text(name, f"{path}.{group}")
