@@ -13,6 +13,7 @@ from typing import Any
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+from statekit.backends.structure import reusing_native_dbs
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.metadata import encode_metadata
 from statekit.checkpoint.savepoint import open_external
@@ -147,17 +148,18 @@ def inspect_state(path: str) -> dict[str, Any]:
     :func:`expected_rows`."""
     view = open_checkpoint(path)
     found: dict[str, list[Any]] = {}
-    for state in view.states(include_internal=True):
-        slot = [d.name for d in DESCRIPTORS].index(state.name)
-        for batch in state.read_batches(key_type="json", value_type="json"):
-            for row in batch.to_pylist():
-                entry = found.setdefault(row["key"], [None, [], {}, None])
-                if "index" in row:
-                    entry[slot].append((row["index"], row["value"]))
-                elif "user_key" in row:
-                    entry[slot][row["user_key"]] = row["value"]
-                else:
-                    entry[slot] = row["value"]
+    with reusing_native_dbs():
+        for state in view.states(include_internal=True):
+            slot = [d.name for d in DESCRIPTORS].index(state.name)
+            for batch in state.read_batches(key_type="json", value_type="json"):
+                for row in batch.to_pylist():
+                    entry = found.setdefault(row["key"], [None, [], {}, None])
+                    if "index" in row:
+                        entry[slot].append((row["index"], row["value"]))
+                    elif "user_key" in row:
+                        entry[slot][row["user_key"]] = row["value"]
+                    else:
+                        entry[slot] = row["value"]
     return {key: (c, [v for _, v in sorted(e)], t, a) for key, (c, e, t, a) in found.items()}
 
 

@@ -12,14 +12,16 @@ import posixpath
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from statekit.backends.structure import reusing_native_dbs
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.cli import main
-from statekit.errors import ConfigError, CorruptCheckpointError
+from statekit.errors import ChecksumMismatchError, ConfigError, CorruptCheckpointError
 from statekit.inspection import (
     catalog,
     collect_garbage,
@@ -214,3 +216,23 @@ def test_gc_goes_on_past_a_planted_link(tmp_path):
     assert "1 file(s) deleted" in out and outside.read_text() == "keep"
     assert not Path(job, "chk-9", "p1-count-0123456789ab").exists()
     shutil.rmtree(tmp_path / "ck")
+
+
+def test_a_reused_rocksdb_download_is_never_stale(tmp_path):
+    """Inside ``reusing_native_dbs`` each partition of a RocksDB checkpoint is downloaded once for
+    all its states; a file changed meanwhile is read (and refused) anew, and nothing is left
+    behind when the block ends."""
+    job = write_job("rocksdb", str(tmp_path / "ck"))
+    view = open_checkpoint(f"{job}/chk-2")
+    before = set(os.listdir(tempfile.gettempdir()))
+    with reusing_native_dbs():
+        assert sum(s.count() for s in view.states()) == 4 * len(KEYS)
+        sst = next(p for p in Path(job, "chk-2").iterdir() if p.name.startswith("p0-") and ".sst" in p.name)
+        data = bytearray(sst.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        sst.write_bytes(bytes(data))
+        with pytest.raises(ChecksumMismatchError):
+            view.state("count", "p0").count()
+        assert view.state("count", "p1").count() > 0
+    assert {n for n in set(os.listdir(tempfile.gettempdir())) - before
+            if n.startswith("statekit-inspect")} == set()

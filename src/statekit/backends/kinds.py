@@ -16,6 +16,7 @@ A new kind is one :data:`KINDS` entry: its shape check and its row style.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from statekit.serde.types import serializer_from_config
 
 #: ``check(items)``: why a list of plain items does not fit a type, or None
 ItemCheck = Callable[[list[Any]], "str | None"]
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+_NONE = type(None)
 
 
 def _lists(values: list[Any], what: str) -> str | None:
@@ -45,8 +48,7 @@ def _entries(values: list[Any], item: ItemCheck, user_key: ItemCheck) -> str | N
     pairs = list(itertools.chain.from_iterable(values))
     if not set(map(type, pairs)) <= {list} or not set(map(len, pairs)) <= {2}:
         return "a map entry is not a [user key, value] pair"
-    present = [v for _, v in pairs if v is not None]  # a map entry may hold None
-    return user_key([k for k, _ in pairs]) or item(present)
+    return user_key(list(map(_first, pairs))) or item(list(map(_second, pairs)))
 
 
 def _timers(values: list[Any], item: ItemCheck, user_key: ItemCheck) -> str | None:
@@ -113,9 +115,16 @@ def item_check(config: Any) -> ItemCheck:
     except ValueError:
         return _anything
     exact, low, high = serializer.exact_type()
+    if config == "pickle":  # pickled values are read as their pickle bytes, never unpickled
+        return lambda items: (None if set(map(type, items)) <= {bytes, _NONE}
+                              else "a pickled value is not bytes")
 
     def check(items: list[Any]) -> str | None:
-        if exact is not None and set(map(type, items)) <= {exact}:
+        types = set(map(type, items))
+        if _NONE in types:  # a map entry may hold None (a value or list state never stores one)
+            types.discard(_NONE)
+            items = [item for item in items if item is not None]
+        if exact is not None and types <= {exact}:
             if low is not None and items and (min(items) < low or max(items) > high):
                 return f"a value is out of range for {config}"
             return None
@@ -135,11 +144,13 @@ def _stamped(inner: ItemCheck) -> ItemCheck:
     """Items of a TTL state: ``[value, last-access ms]`` pairs."""
 
     def check(items: list[Any]) -> str | None:
+        if None in items:  # a map entry may hold None
+            items = [item for item in items if item is not None]
         if not set(map(type, items)) <= {list} or not set(map(len, items)) <= {2}:
             return "a TTL value is not a [value, timestamp] pair"
-        if not set(type(item[1]) for item in items) <= {int}:
+        if not set(map(type, map(_second, items))) <= {int}:
             return "a TTL timestamp is not an integer"
-        return inner([item[0] for item in items])
+        return inner(list(map(_first, items)))
 
     return check
 

@@ -17,12 +17,12 @@ A format is one :data:`FORMATS` entry (its states, its chunks); a kind of state 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -199,15 +199,18 @@ class _OpenDb:
 
 
 _lock = threading.Lock()
-#: the last native checkpoint read, kept open for the next state of the same partition (one
-#: download and open per partition instead of one per state), until another one replaces it
-_cached: _OpenDb | None = None
+#: native checkpoints read inside :func:`reusing_native_dbs` blocks, kept open for the next
+#: state of the same partition (the most recent ones), and how many such blocks are open
+_cached: OrderedDict[tuple[Any, ...], _OpenDb] = OrderedDict()
+_CACHED_MAX = 8
+_scopes = 0
 
 
 def _fingerprint(handle: dict[str, Any], reader: StateReader) -> tuple[Any, ...] | None:
     """What identifies a native checkpoint's download: the handle and, on the local disk, each
-    file's identity and change time (a file rewritten in place is downloaded again); None
-    (never cached) on other stores."""
+    file's inode, size and modification time (a file rewritten in place is downloaded again;
+    not the change time, which the download's own hard links move); None (never reused) on
+    other stores."""
     store = reader.store
     if not isinstance(store, LocalBlobStore):
         return None
@@ -217,7 +220,7 @@ def _fingerprint(handle: dict[str, Any], reader: StateReader) -> tuple[Any, ...]
             info = os.stat(f"{store.root}/{file_path(file)}", follow_symlinks=False)
         except OSError:
             return None
-        stats.append((info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+        stats.append((info.st_ino, info.st_size, info.st_mtime_ns))
     return store.root, hashlib.sha256(packb(handle)).digest(), tuple(stats)
 
 
@@ -230,36 +233,63 @@ def _close(entry: _OpenDb) -> None:
 
 
 def _release(entry: _OpenDb) -> None:
-    global _cached
+    """One reader is done with ``entry``: kept for the next inside a reuse block, else closed
+    (as are the least recent unused ones past :data:`_CACHED_MAX`)."""
+    doomed: list[_OpenDb] = []
     with _lock:
         entry.users -= 1
-        if entry is _cached or entry.users:
+        if entry.users:
             return
-        if entry.key is not None and (_cached is None or not _cached.users):
-            entry, _cached = _cached, entry  # the new one stays open; the old one closes
-    if entry is not None:
-        _close(entry)
+        if _scopes and entry.key is not None:
+            _cached[entry.key] = entry
+            _cached.move_to_end(entry.key)
+            while len(_cached) > _CACHED_MAX:
+                oldest = next((k for k, e in _cached.items() if not e.users), None)
+                if oldest is None:
+                    break
+                doomed.append(_cached.pop(oldest))
+        else:
+            doomed.append(entry)
+    for old in doomed:
+        _close(old)
 
 
-@atexit.register
-def _close_cached() -> None:
-    global _cached
+@contextlib.contextmanager
+def reusing_native_dbs() -> Iterator[None]:
+    """Within this block a native RocksDB checkpoint stays open after a state is read, for the
+    next state of the same partition: one download and open per partition instead of one per
+    state (conversion, counting every state).  Closed and removed when the outermost block
+    ends."""
+    global _scopes
     with _lock:
-        entry, _cached = _cached, None
-    if entry is not None:
-        _close(entry)
+        _scopes += 1
+    try:
+        yield
+    finally:
+        doomed: list[_OpenDb] = []
+        with _lock:
+            _scopes -= 1
+            if not _scopes:
+                for entry in _cached.values():
+                    if entry.users:  # still being read: its reader closes it
+                        entry.key = None
+                    else:
+                        doomed.append(entry)
+                _cached.clear()
+        for entry in doomed:
+            _close(entry)
 
 
 @contextlib.contextmanager
 def native_db(handle: dict[str, Any], reader: StateReader, progress: Progress = None
               ) -> Iterator[Any]:
     """A native RocksDB checkpoint downloaded (verified, as a restore downloads it) into a
-    private working directory, opened read-only and checked as a restore checks it.  The last
-    one read stays open for the next state of the same partition (see :data:`_cached`)."""
-    key = _fingerprint(handle, reader)
+    private working directory, opened read-only and checked as a restore checks it; removed
+    afterwards (see :func:`reusing_native_dbs`)."""
+    key = _fingerprint(handle, reader) if _scopes else None
     with _lock:
-        entry = _cached
-        if entry is not None and key is not None and entry.key == key and entry.pid == os.getpid():
+        entry = _cached.get(key) if key is not None else None
+        if entry is not None and entry.pid == os.getpid():
             entry.users += 1
         else:
             entry = None
@@ -275,7 +305,7 @@ def native_db(handle: dict[str, Any], reader: StateReader, progress: Progress = 
         try:
             check_native_db(db, handle)
         except BaseException:
-            entry.key = None  # never cached
+            entry.key = None  # never kept
             _release(entry)
             raise
     try:

@@ -137,9 +137,12 @@ def inspect(path: str, as_json: bool, batch: int | None, checkpoint_id: int | No
     states = view.states(include_internal=internal)
     counted: dict[tuple[str, str], int] = {}
     if count:
-        for s in states:
-            with output.progress(f"counting {s.name}", s.bytes) as advance:
-                counted[(s.operator, s.name)] = s.count(progress=advance)
+        from statekit.backends.structure import reusing_native_dbs
+
+        with reusing_native_dbs():  # a RocksDB partition downloaded once for all its states
+            for s in states:
+                with output.progress(f"counting {s.name}", s.bytes) as advance:
+                    counted[(s.operator, s.name)] = s.count(progress=advance)
     if as_json:
         output.emit_json({
             "checkpoint": view.info.to_dict(),
