@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 #: mutants per backend in the default run (RocksDB reads are slower: each reader downloads and
 #: opens the native checkpoint)
-MUTANTS = {"hashmap": 450, "rocksdb": 250}
+MUTANTS = {"hashmap": 300, "rocksdb": 200}
 SECONDS_PER_MUTANT = 10
 MAX_RSS_MIB = 1024
 
