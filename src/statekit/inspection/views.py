@@ -9,15 +9,18 @@ newest version, or the one of ``batch``), on the local disk or any fsspec URL.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statekit.checkpoint.blobstore.base import is_url
+from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import METADATA
 from statekit.checkpoint.metadata import decode_metadata
-from statekit.errors import CheckpointNotFoundError, StateError, StatekitError
+from statekit.errors import CheckpointNotFoundError, ConfigError, StateError, StatekitError
 from statekit.inspection import catalog
 from statekit.inspection.arrow import RowPlan, TypeChoice, describe, record_batches
 from statekit.inspection.entries import (
@@ -184,6 +187,18 @@ class CheckpointView:
                     grouped.setdefault((part.operator, state.name), []).append((part, state, source))
         return [StateView(name, op, parts) for (op, name), parts in sorted(grouped.items())]
 
+    def check_outside(self, target: str, what: str = "to") -> None:
+        """ConfigError when ``target`` (a path or URL a tool writes to) lies inside a directory
+        this view reads: a checkpoint, savepoint or Spark partition directory is statekit's,
+        and writing into it (its own ``_metadata`` included) would damage it."""
+        where = _location(target)
+        for source in self.sources:
+            root = _location(source.store.root if isinstance(source.store, LocalBlobStore)
+                             else source.store.describe())
+            if where == root or where.startswith(root.rstrip("/") + "/"):
+                raise ConfigError(what, f"{target} lies inside the checkpoint directory {root}; "
+                                        "write it somewhere else")
+
     def state(self, name: str, operator: str | None = None) -> StateView:
         """The state ``name`` (of ``operator`` when several operators have one of that name)."""
         found = [s for s in self.states(include_internal=True)
@@ -337,6 +352,16 @@ def _partitions(items: list[tuple[str, PartitionSource, int | None, int | None]]
             incremental=bool(handle.get("incremental")), version=int(version or 0),
             batch=batch, bytes=size, files=files, states=tuple(states)), source))
     return out
+
+
+def _location(target: str) -> str:
+    """A comparable form of a path or URL: a local path resolved (links included, ``file://``
+    dropped), a URL without trailing slashes."""
+    if target.startswith("file://"):
+        target = target[len("file://"):]
+    if is_url(target):
+        return target.rstrip("/")
+    return os.path.realpath(os.path.abspath(target))
 
 
 def _operator(task_name: str) -> str:

@@ -31,11 +31,10 @@ from statekit.backends.heap.table import HeapTable, Restored
 from statekit.backends.kvformat import (
     KV_FORMAT,
     KV_FORMATS,
-    check_chunk_keys,
     check_kv_handle,
-    plain_in_range,
-    read_kv_entry,
-    read_plain_entry,
+    indexed_chunks,
+    log_chunks,
+    plain_chunks,
 )
 from statekit.backends.timers import (
     TIMERS_KIND,
@@ -49,7 +48,6 @@ from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CorruptCheckpointError, StateError, StatekitError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.keytypes import RestoreCheck
-from statekit.serde.msgpack import unpackb
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import State, check_value
 from statekit.state.descriptors import StateDescriptor
@@ -356,21 +354,16 @@ class _Load:
         key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
         if entry.get("encoding") == "plain":
             key_from = None if key_ser.identity else key_ser.from_plain
-            for keys, values in read_plain_entry(name, entry, self.reader):
-                keys, values = plain_in_range(name, keys, values, self.recorded, rng, maxp)
+            for keys, values in plain_chunks(name, entry, self.reader, self.recorded, rng, maxp):
                 with _malformed_keys(name):
                     if key_from is not None:
                         keys = list(map(key_from, keys))
                     data.update(zip(*self._keep(keys, values), strict=True))
             return
-        for kg, parts in read_kv_entry(name, entry, self.reader, rng):
-            if len(parts) != 2:
-                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
-            check_chunk_keys(name, kg, parts[0], maxp)
+        for _, keys, _, values in indexed_chunks(name, entry, self.reader, rng, maxp):
             with _malformed_keys(name):
-                keys, values = self._keep(list(map(key_ser.deserialize, parts[0])),
-                                          list(map(unpackb, parts[1])))
-                data.update(zip(keys, values, strict=True))
+                data.update(zip(*self._keep(list(map(key_ser.deserialize, keys)), values),
+                                strict=True))
 
     def log(self, name: str, entry: dict[str, Any]) -> None:
         """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
@@ -379,14 +372,10 @@ class _Load:
         backend = self.backend
         data = backend._restored_data(name, entry)
         key_de, maxp = backend.key_serializer.deserialize, backend.max_parallelism
-        for kg, parts in read_kv_entry(name, entry, self.reader, backend.key_group_range):
-            if len(parts) != 3:
-                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
-            puts_k, puts_v, removes = parts
-            check_chunk_keys(name, kg, puts_k, maxp)
-            check_chunk_keys(name, kg, removes, maxp)
+        for _, puts_k, puts_v, removes in log_chunks(name, entry, self.reader,
+                                                     backend.key_group_range, maxp):
             with _malformed_keys(name):
-                keys, values = self._keep(list(map(key_de, puts_k)), list(map(unpackb, puts_v)))
+                keys, values = self._keep(list(map(key_de, puts_k)), puts_v)
                 data.update(zip(keys, values, strict=True))
                 for kb in removes:
                     data.pop(key_de(kb), None)

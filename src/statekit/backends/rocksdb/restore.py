@@ -99,6 +99,24 @@ def _check_recorded_range(cf: Rdict, name: str, recorded: KeyGroupRange) -> None
         del it
 
 
+def check_native_db(db: Rdict, handle: dict[str, Any]) -> None:
+    """The checks every reader of a native RocksDB checkpoint makes once it is opened: each
+    state the handle records has its column family, holding keys only of the key groups the
+    handle records (a handle relabelled with another range, or a state renamed, would otherwise
+    read as empty)."""
+    recorded = KeyGroupRange.of(handle["key_group_range"])
+    for name in column_families(handle["states"]):
+        try:
+            cf = db.get_column_family(name)
+        except Exception:  # rocksdict raises a bare Exception for a missing column family
+            raise CorruptCheckpointError(
+                f"state '{name}' has no column family in its RocksDB checkpoint") from None
+        try:
+            _check_recorded_range(cf, name, recorded)
+        finally:
+            del cf
+
+
 class RocksDBRestoreOperation:
     """Restores one RocksDB keyed backend from task handles of any partitioning."""
 
@@ -143,11 +161,10 @@ class RocksDBRestoreOperation:
         if native:
             _, base, base_reader = native[0]
             self._download(base, base_reader, backend.db_path)
-            backend._ensure_open()
+            check_native_db(backend._ensure_open(), base)
             lo, hi = backend._kgp[mine.start], kg_after(mine.end, backend._kgp)
             for name in column_families(base["states"]):
                 cf = backend._cf(name)
-                _check_recorded_range(cf, name, KeyGroupRange.of(base["key_group_range"]))
                 if mine.start > 0:
                     cf.delete_range(b"", lo)
                 cf.delete_range(hi, KG_END)
@@ -171,8 +188,7 @@ class RocksDBRestoreOperation:
         for name in sorted(names):
             cf = backend._cf(name)
             keys: list[bytes] = []
-            kind = backend._state_info[name]["kind"]
-            for _, kb, _ in grouped(cf, "list" if kind == TIMERS_KIND else kind):
+            for _, kb, _ in grouped(cf, backend._state_info[name]["kind"]):
                 keys.append(kb)
                 if len(keys) >= _BATCH:
                     key_check(unpack_each(keys))
@@ -208,11 +224,10 @@ class RocksDBRestoreOperation:
             self._download(handle, reader, tmp / "db")
             src = open_db(tmp / "db", backend._options, read_only=True)
             try:
+                check_native_db(src, handle)
                 lo, hi = backend._kgp[theirs.start], kg_after(theirs.end, backend._kgp)
-                recorded = KeyGroupRange.of(handle["key_group_range"])
                 for name in column_families(handle["states"]):
                     source = src.get_column_family(name)
-                    _check_recorded_range(source, name, recorded)
                     backend._cf(name)
                     target = backend._db.get_column_family_handle(name)
                     writer = _BatchWriter(backend._db)
