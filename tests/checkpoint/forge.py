@@ -13,11 +13,14 @@ from typing import Any
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+from statekit.backends.structure import reusing_native_dbs
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.metadata import encode_metadata
 from statekit.checkpoint.savepoint import open_external
 from statekit.checkpoint.schema import recorded_key_groups
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.inspection import convert_savepoint, open_checkpoint
+from statekit.inspection.arrow import to_json
 from statekit.serde.keygroups import key_group_range_for_operator
 from statekit.serde.msgpack import unpackb
 from statekit.serde.types import GenericSerializer, Types
@@ -85,10 +88,11 @@ def write_job(kind: str, root: str, parallelism: int = 2, checkpoints: int = 2) 
     return cluster.access.location
 
 
-def restore(kind: str, path: str, parallelism: int = 2) -> list[KeyedStateBackend]:
+def restore(kind: str, path: str | list[str], parallelism: int = 2) -> list[KeyedStateBackend]:
     """Partitions of backend ``kind`` restored from the checkpoint at ``path``, as the local
-    runner restores a job started from it (``execution.savepoint.path``)."""
-    metadata, reader = open_external(path)
+    runner restores a job started from it (``execution.savepoint.path``); several paths (the
+    savepoints of one checkpoint's operators) restore together."""
+    opened = [open_external(p) for p in ([path] if isinstance(path, str) else path)]
     factory = backend_factory(kind)
     partitions: list[KeyedStateBackend] = []
     try:
@@ -97,9 +101,9 @@ def restore(kind: str, path: str, parallelism: int = 2) -> list[KeyedStateBacken
             backend = factory.create_keyed_state_backend(
                 key_serializer=GenericSerializer(), key_group_range=rng, max_parallelism=MAXP)
             partitions.append(backend)
-            handles = [h for h in metadata.get("tasks", {}).values()
-                       if len(recorded_key_groups(h).intersection(rng))]
-            restore_into(backend, [(h, reader) for h in handles])
+            restore_into(backend, [(h, reader) for metadata, reader in opened
+                                   for h in metadata.get("tasks", {}).values()
+                                   if len(recorded_key_groups(h).intersection(rng))])
     except BaseException:
         for backend in partitions:
             backend.dispose()
@@ -118,13 +122,53 @@ def read_state(partitions: list[KeyedStateBackend]) -> dict[Any, Any]:
     return out
 
 
-def restore_and_read(kind: str, path: str, parallelism: int = 2) -> dict[Any, Any]:
+def restore_and_read(kind: str, path: str | list[str], parallelism: int = 2) -> dict[Any, Any]:
     partitions = restore(kind, path, parallelism)
     try:
         return read_state(partitions)
     finally:
         for backend in partitions:
             backend.dispose()
+
+
+# --- the tools: inspection and conversion --------------------------------------------------------
+
+
+def expected_rows(rounds: int) -> dict[str, Any]:
+    """What :func:`inspect_state` reads after ``rounds`` rounds of writes (untyped keys and
+    values as the JSON text the inspection path gives them)."""
+    return {to_json(key): (to_json(count), [to_json(e) for e in events],
+                           {k: to_json(v) for k, v in totals.items()}, to_json(anything))
+            for key, (count, events, totals, anything) in expected_state(rounds).items()}
+
+
+def inspect_state(path: str) -> dict[str, Any]:
+    """Every key's state as the inspection path reads it (``open_checkpoint``, then each state's
+    record batches of every operator, keys and values as JSON text), in the shape of
+    :func:`expected_rows`."""
+    view = open_checkpoint(path)
+    found: dict[str, list[Any]] = {}
+    with reusing_native_dbs():
+        for state in view.states(include_internal=True):
+            slot = [d.name for d in DESCRIPTORS].index(state.name)
+            for batch in state.read_batches(key_type="json", value_type="json"):
+                for row in batch.to_pylist():
+                    entry = found.setdefault(row["key"], [None, [], {}, None])
+                    if "index" in row:
+                        entry[slot].append((row["index"], row["value"]))
+                    elif "user_key" in row:
+                        entry[slot][row["user_key"]] = row["value"]
+                    else:
+                        entry[slot] = row["value"]
+    return {key: (c, [v for _, v in sorted(e)], t, a) for key, (c, e, t, a) in found.items()}
+
+
+def convert_and_read(kind: str, path: str, target: str) -> dict[Any, Any]:
+    """Every key's state after ``savepoint convert`` of the checkpoint at ``path`` (one
+    savepoint per operator, under ``target``), restored into backend ``kind``."""
+    view = open_checkpoint(path)
+    return restore_and_read(kind, [convert_savepoint(view, target, operator=op)
+                                   for op in view.operators])
 
 
 # --- tampering ---------------------------------------------------------------------------------------

@@ -1,13 +1,18 @@
-"""The fuzz worker: write a real job's checkpoints with one backend, then restore mutant after
-mutant of the newest one and report each outcome as a JSON line on stdout.
+"""The fuzz worker: write a real job's checkpoints with one backend, then read mutant after
+mutant of the newest one through every reader and report the outcomes as a JSON line each.
 
 Run by ``test_fuzz`` in a subprocess (``python -m tests.checkpoint.fuzz_worker KIND DIR SEED N``)
 so that a crash is seen as one.  Each mutant is a fresh copy of the job directory with one
-damage: a byte flip, a truncation, a ``_metadata`` field of another type or out of range (with a
-valid checksum), files swapped within the checkpoint or crossed in from the older one, a handle
-swapped, a symbolic link out of the checkpoint, a FIFO, a directory or nothing in place of a file.
-Outcomes: ``exact`` (the state restored is the state written), ``typed`` (a StatekitError),
-``untyped`` or ``wrong`` (a failure); ``start`` lines name the mutant being tried.
+damage: a byte flip, a truncation, a file longer than recorded, a ``_metadata`` field of another
+type or out of range (with a valid checksum), files swapped within the checkpoint or crossed in
+from the older one, a handle swapped, a symbolic link out of the checkpoint, a FIFO, a directory
+or nothing in place of a file; or a change a restore reads the same (a list recorded as a
+tuple, a path with a trailing ``/``).  Each mutant is read by the restore, by the inspection path
+(``open_checkpoint`` and every state's record batches), and by ``savepoint convert`` whose
+savepoints are then restored; a mutant the restore reads exactly is then garbage-collected
+(``gc --delete``) and restored again.  Outcomes per reader: ``exact`` (the state written),
+``typed`` (a StatekitError), ``untyped`` or ``wrong`` (a failure); ``start`` lines name the
+mutant being tried.
 """
 
 from __future__ import annotations
@@ -25,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from statekit.errors import StatekitError
-from tests.checkpoint.forge import expected_state, restore_and_read, rewrite_metadata, write_job
+from statekit.inspection import collect_garbage
+from tests.checkpoint.forge import (
+    convert_and_read,
+    expected_rows,
+    expected_state,
+    inspect_state,
+    restore_and_read,
+    rewrite_metadata,
+    write_job,
+)
 
 #: values a ``_metadata`` field is replaced with: other types, and integers out of every range
 ODD_VALUES: list[Any] = [None, True, -1, 0, 1, 2**31, 2**64, -(2**63), 1.5, float("nan"), "x", "",
@@ -61,8 +75,8 @@ def mutate(rng: random.Random, job: str, outside: str) -> str:
     files = _files(chk)
     victim = rng.choice(files)
     name = os.path.basename(victim)
-    kind = rng.choice(["flip", "flip", "truncate", "field", "field", "field", "swap", "cross",
-                       "handles", "link", "fifo", "directory", "missing"])
+    kind = rng.choice(["flip", "flip", "truncate", "longer", "field", "field", "field", "swap",
+                       "cross", "handles", "link", "fifo", "directory", "missing", "tuple", "slash"])
     if kind == "flip":
         data = bytearray(Path(victim).read_bytes())
         if data:
@@ -74,6 +88,24 @@ def mutate(rng: random.Random, job: str, outside: str) -> str:
         size = os.path.getsize(victim)
         os.truncate(victim, rng.randrange(size) if size else 0)
         return f"truncate {name}"
+    if kind == "longer":
+        with open(victim, "ab") as fh:
+            fh.write(b"\0" * rng.randrange(1, 64))
+        return f"longer {name}"
+    if kind in ("tuple", "slash"):
+        found = []
+        rewrite_metadata(f"{chk}/_metadata", lambda body: found.extend(_paths(body)))
+        if kind == "tuple":  # a list, read the same as a tuple
+            lists = [p for p in found if isinstance(_get_path(f"{chk}/_metadata", p), list)]
+            path = rng.choice(lists)
+            rewrite_metadata(f"{chk}/_metadata", lambda body: _set(body, path, tuple(_get(body, path))))
+        else:  # a file handle's path with a trailing slash, read as the same file
+            paths = [p for p in found if p[-1] == "path"]
+            if not paths:
+                return "slash (no file handle)"
+            path = rng.choice(paths)
+            rewrite_metadata(f"{chk}/_metadata", lambda body: _set(body, path, _get(body, path) + "/"))
+        return f"{kind} {'.'.join(map(str, path))}"
     if kind == "field":
         found: list[Any] = []
         rewrite_metadata(f"{chk}/_metadata", lambda body: found.extend(_paths(body)))
@@ -123,10 +155,42 @@ def _get(body: Any, path: tuple[Any, ...]) -> Any:
     return body
 
 
+def _get_path(metadata: str, path: tuple[Any, ...]) -> Any:
+    found: list[Any] = []
+    rewrite_metadata(metadata, lambda body: found.append(_get(body, path)))
+    return found[0]
+
+
+def _attempt(read: Callable[[], bool]) -> tuple[str, str]:
+    """``(outcome, error)`` of one reader: ``read()`` says whether it read the state written."""
+    try:
+        return ("exact" if read() else "wrong"), ""
+    except StatekitError as exc:
+        return "typed", f"{type(exc).__name__}: {exc}"[:200]
+    except Exception as exc:  # the failure this test looks for
+        return "untyped", f"{type(exc).__name__}: {exc}"[:200]
+
+
+def read_mutant(kind: str, work: str, expected: dict[Any, Any], rows: dict[str, Any]
+                ) -> dict[str, tuple[str, str]]:
+    """Each reader's ``(outcome, error)`` for the mutant job at ``work/job``."""
+    chk = f"{work}/job/chk-2"
+    outcomes = {
+        "restore": _attempt(lambda: restore_and_read(kind, chk) == expected),
+        "inspect": _attempt(lambda: inspect_state(chk) == rows),
+        "convert": _attempt(lambda: convert_and_read(kind, chk, f"{work}/savepoints") == expected),
+    }
+    if outcomes["restore"][0] == "exact":  # garbage collection keeps what a restore reads
+        outcomes["gc"] = _attempt(lambda: collect_garbage(f"{work}/job", delete=True) is not None
+                                  and restore_and_read(kind, chk) == expected)
+    return outcomes
+
+
 def run(kind: str, base: str, seed: int, count: int, emit: Callable[[dict[str, Any]], None]) -> None:
     source = write_job(kind, f"{base}/source")
-    expected = expected_state(2)
+    expected, rows = expected_state(2), expected_rows(2)
     assert restore_and_read(kind, f"{source}/chk-2") == expected
+    assert inspect_state(f"{source}/chk-2") == rows
     rng = random.Random(seed)
     for n in range(count):
         work, outside = f"{base}/m{n}", f"{base}/outside{n}"
@@ -135,15 +199,10 @@ def run(kind: str, base: str, seed: int, count: int, emit: Callable[[dict[str, A
         what = mutate(rng, f"{work}/job", outside)
         emit({"start": n, "what": what})
         begin = time.monotonic()
-        try:
-            outcome = "exact" if restore_and_read(kind, f"{work}/job/chk-2") == expected else "wrong"
-            error = ""
-        except StatekitError as exc:
-            outcome, error = "typed", f"{type(exc).__name__}: {exc}"[:200]
-        except Exception as exc:  # the failure this test looks for
-            outcome, error = "untyped", f"{type(exc).__name__}: {exc}"[:200]
+        outcomes = read_mutant(kind, work, expected, rows)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-        emit({"n": n, "what": what, "outcome": outcome, "error": error,
+        emit({"n": n, "what": what, "outcomes": {k: v[0] for k, v in outcomes.items()},
+              "errors": {k: v[1] for k, v in outcomes.items() if v[1]},
               "seconds": round(time.monotonic() - begin, 3), "max_rss_mib": rss})
         shutil.rmtree(work)
         shutil.rmtree(outside)

@@ -375,22 +375,27 @@ def test_write_parts_small_result_is_inline(store):
     assert store.list() == []
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("how", ["flip", "truncate", "extend"])
 def test_read_parts_detects_damage_before_handing_a_part_out(store, how):
+    """A damaged part is never handed out; a file of another size than recorded (shorter or
+    longer) fails before any part is."""
     handle, locations = _streams(store).write_parts(iter(PARTS), state_name="s")
     data = bytearray(store.get(handle["path"]))
     if how == "flip":
         data[len(data) - 1000] ^= 0xFF  # inside the last part
-        error = ChecksumMismatchError
-    else:
+        error, good = ChecksumMismatchError, PARTS[:-1]
+    elif how == "truncate":
         data = data[:-1000]
-        error = TruncatedCheckpointError
+        error, good = TruncatedCheckpointError, []
+    else:
+        data += b"\0"
+        error, good = TruncatedCheckpointError, []
     store.put(handle["path"], bytes(data))
     got = []
     with pytest.raises(error):
         for part in StateReader(store).read_parts(handle, locations):
             got.append(bytes(part))
-    assert got == PARTS[:-1]
+    assert got == good
 
 
 def test_read_parts_reuses_buffers_and_stops_early(store, monkeypatch):
@@ -426,7 +431,7 @@ def test_write_parts_failing_store_stops_the_producer(tmp_path, monkeypatch):
             produced.append(i)
             yield b"p" * 10_000
 
-    def disk_full(path, fill):
+    def disk_full(root, key, fill):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(local_store_module, "_atomic_local_commit", disk_full)

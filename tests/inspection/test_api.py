@@ -137,15 +137,16 @@ def test_verify_names_every_damaged_file(tmp_path, kind):
 def test_garbage_is_listed_then_deleted(tmp_path):
     job = write_job(str(tmp_path / "ck"), "hashmap", True, str(tmp_path / "work"))
     base = tmp_path / "ck" / job.job
+    part, orphan = "keyed-process-0-count-0123456789ab", "keyed-process-1-seen-base-abcdef012345"
     (base / "chk-9").mkdir()
-    (base / "chk-9" / "part").write_bytes(b"x")
-    (base / "shared" / "orphan").write_bytes(b"y")
+    (base / "chk-9" / part).write_bytes(b"x")
+    (base / "shared" / orphan).write_bytes(b"y")
     report = collect_garbage(job.path)
     assert sorted((g.reason, g.path.rsplit("/", 2)[-2:][-1]) for g in report.items) == [
-        ("incomplete-checkpoint", "part"), ("unreferenced-shared", "orphan")]
-    assert (base / "shared" / "orphan").exists()  # a dry run
+        ("incomplete-checkpoint", part), ("unreferenced-shared", orphan)]
+    assert (base / "shared" / orphan).exists()  # a dry run
     collect_garbage(job.path, delete=True)
-    assert not (base / "shared" / "orphan").exists() and not (base / "chk-9" / "part").exists()
+    assert not (base / "shared" / orphan).exists() and not (base / "chk-9" / part).exists()
     assert verify(job.path).ok
 
 

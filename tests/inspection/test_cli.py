@@ -153,7 +153,7 @@ def test_convert_restores_on_the_other_backend_at_another_parallelism(tmp_path):
 
 def test_gc_dry_run_then_delete(tmp_path):
     job = write_job(str(tmp_path / "ck"), "hashmap", True, str(tmp_path / "work"))
-    orphan = tmp_path / "ck" / job.job / "shared" / "orphan"
+    orphan = tmp_path / "ck" / job.job / "shared" / "p0-count-base-0123456789ab"  # as statekit names
     orphan.write_bytes(b"z")
     out = run("checkpoints", "gc", job.path)
     assert "unreferenced-shared" in out and "dry run" in out and orphan.exists()

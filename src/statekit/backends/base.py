@@ -39,6 +39,7 @@ from statekit.errors import (
 )
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.keys import as_key_serializer
+from statekit.serde.keytypes import KeyCheck, RestoreCheck, restore_key_check
 from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
 from statekit.state.api import State, ValueBackedAggregatingState, ValueBackedReducingState
 from statekit.state.descriptors import (
@@ -158,6 +159,8 @@ class KeyedStateBackend(ABC):
     ) -> None:
         # canonical key bytes: keys Python calls equal are one key on every backend
         self.key_serializer = as_key_serializer(key_serializer)
+        #: the declared key type, checked on every key and recorded in snapshots (``key_type``)
+        self.key_check = KeyCheck(self.key_serializer)
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.clock = clock or wall_clock_ms
@@ -187,6 +190,9 @@ class KeyedStateBackend(ABC):
     # --- keys -----------------------------------------------------------------------------------
 
     def set_current_key(self, key: Any) -> None:
+        """Set the current key; StateTypeError unless it is a key of the declared key type."""
+        if key is not NO_KEY and not self.key_check.passes(key):
+            self.key_check.check(key)
         self.current_key = key
 
     def get_current_key(self) -> Any:
@@ -294,6 +300,12 @@ class KeyedStateBackend(ABC):
     #: filter by key (others go through :func:`statekit.backends.transfer.restore_into`)
     native_formats: tuple[str, ...] = ()
     filterable_formats: tuple[str, ...] = ()
+
+    def restore_key_check(self, handle: dict[str, Any]) -> RestoreCheck | None:
+        """How the keys of ``handle`` restore here, by the key type it records (see
+        :func:`statekit.serde.keytypes.restore_key_check`): None, a check of each restored key,
+        or StateTypeError naming both key types."""
+        return restore_key_check(handle.get("key_type"), self.key_check)
 
     def restore(self, handles: list[dict[str, Any]], reader: StateReader) -> None:
         """Load the key groups of this backend's range from task handles of any partitioning."""

@@ -11,14 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
+from statekit.backends.kinds import stored_check
+from statekit.backends.kvschema import (  # noqa: F401 (the schema pass, importable from here)
+    STATE_KINDS,
+    check_entry,
+    check_kind,
+    check_kv_states,
+    check_state_count,
+    check_states,
+)
 from statekit.checkpoint import schema
 from statekit.checkpoint.checksum import part_locations
 from statekit.errors import CorruptCheckpointError, SerializationError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes, key_groups_for_bytes
 from statekit.serde.keys import plain_key_bytes, plain_key_groups
-from statekit.serde.msgpack import packb, unpackb
+from statekit.serde.msgpack import packb, unpack_each, unpackb
 
 if TYPE_CHECKING:
     from statekit.backends.base import KeyedStateBackend, StateMeta
@@ -35,13 +44,15 @@ _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 PACE_SLICE = 2048
 
 
-class HandleHeader(TypedDict):
-    """What every task handle starts with, whatever its format: who wrote which key groups."""
+class HandleHeader(TypedDict, total=False):
+    """What every task handle starts with, whatever its format: who wrote which key groups, and
+    the key type of its keys (``key_type``, a serializer config; absent in older handles)."""
 
-    format: str
-    backend: str
-    key_group_range: list[int]
-    max_parallelism: int
+    format: Required[str]
+    backend: Required[str]
+    key_group_range: Required[list[int]]
+    max_parallelism: Required[int]
+    key_type: Any
 
 
 class KvHandle(HandleHeader):
@@ -72,12 +83,15 @@ class PlainEntry(TypedDict):
 
 def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
     """The common header of a task handle of ``backend`` in format ``fmt``."""
-    return {
+    header: HandleHeader = {
         "format": fmt,
         "backend": backend.backend_name,
         "key_group_range": backend.key_group_range.to_list(),
         "max_parallelism": backend.max_parallelism,
     }
+    if backend.key_check.config is not None:
+        header["key_type"] = backend.key_check.config
+    return header
 
 
 def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> KvHandle:
@@ -86,56 +100,10 @@ def kv_handle(backend: KeyedStateBackend, states: dict[str, dict[str, Any]]) -> 
             "states": states, "state_count": len(states)}
 
 
-# --- the schema pass over handles ------------------------------------------------------------------
-
-#: entry kinds: the three stored state kinds, and timer queues (a sorted list of timestamps per key)
-STATE_KINDS = ("value", "list", "map", "timers")
-
-
-def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
-    """Check one state entry of a handle (layout, kind, data, and its index or parts inside the
-    data's size); ``plain``: whether the plain encoding may occur here."""
-    entry = schema.mapping(entry, path)
-    schema.sequence(entry.get("layout"), f"{path}.layout")
-    if entry.get("kind") not in STATE_KINDS:
-        raise schema.fail(f"{path}.kind", f"expected one of {', '.join(STATE_KINDS)}")
-    size = schema.handle(entry.get("data"), f"{path}.data")
-    if "encoding" in entry:
-        if not plain or entry["encoding"] != "plain":
-            raise schema.fail(f"{path}.encoding", f"unexpected encoding {entry['encoding']!r}")
-        schema.tiling(schema.locations(entry.get("parts"), f"{path}.parts", size),
-                      f"{path}.parts", size)
-        return
-    index = schema.mapping(entry.get("index"), f"{path}.index")
-    for kg, loc in index.items():
-        schema.integer(kg, f"{path}.index", recorded.start, recorded.end)
-        schema.location(loc, f"{path}.index[{kg}]", size)
-    schema.tiling(sorted(index.values()), f"{path}.index", size)
-
-
-def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
-    """Check a map of state name to entry."""
-    for name, entry in schema.mapping(states, path).items():
-        check_entry(entry, f"{path}.{schema.state_name(name, path)}", recorded, plain=plain)
-
-
-def check_state_count(task: dict[str, Any], states: Any, path: str) -> None:
-    """A handle records how many states it holds (``state_count``, absent in handles of older
-    versions): an emptied or shortened ``states`` map fails here instead of restoring as less."""
-    if "state_count" in task:
-        count = schema.integer(task["state_count"], f"{path}.state_count", 0)
-        if count != len(schema.mapping(states, f"{path}.states")):
-            raise schema.fail(f"{path}.states", f"{len(states)} states, but the handle "
-                                                f"records {count}")
-
-
-def _check_kv_handle(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
-    check_states(task.get("states"), f"{path}.states", recorded)
-    check_state_count(task, task.get("states"), path)
-
+# --- the schema pass over handles (statekit.backends.kvschema) -------------------------------------
 
 for _fmt in KV_FORMATS:
-    schema.register_format(_fmt, _check_kv_handle)
+    schema.register_format(_fmt, check_kv_states)
 
 
 # --- indexed entries -------------------------------------------------------------------------------
@@ -223,6 +191,68 @@ def read_kv_entry(
         if not isinstance(parts, list):
             raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
         yield kg, parts
+
+
+def value_check(name: str, entry: dict[str, Any]) -> Callable[[list[Any]], None]:
+    """``check(values)``: CorruptCheckpointError unless a part's stored plain values fit the
+    entry's kind and recorded types (:mod:`statekit.backends.kinds`): an entry given another
+    state's bytes fails here, whichever reader reads it."""
+    problem_of = stored_check(entry.get("kind"), list(entry.get("layout") or ()))  # type: ignore[arg-type]
+
+    def check(values: list[Any]) -> None:
+        problem = problem_of(values)
+        if problem:
+            raise CorruptCheckpointError(f"state '{name}' ({entry.get('kind')}): {problem} "
+                                         "(damaged, or another state's data)")
+
+    return check
+
+
+def _unpacked(name: str, kg: int, encoded: Any) -> list[Any]:
+    if not isinstance(encoded, list) or not all(type(v) is bytes for v in encoded):
+        raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+    try:
+        return unpack_each(encoded)
+    except (SerializationError, TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed values") from exc
+
+
+def indexed_chunks(name: str, entry: dict[str, Any], reader: StateReader,
+                   key_group_range: KeyGroupRange, max_parallelism: int
+                   ) -> Iterator[tuple[int, list[bytes], list[bytes], list[Any]]]:
+    """``(key group, serialized keys, serialized values, plain values)`` of an indexed entry
+    inside the range, each chunk checked as every restore checks it: a pair of lists, every key
+    of the chunk's key group, the values of the entry's kind and types."""
+    check = value_check(name, entry)
+    for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
+        if len(parts) != 2:
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+        keys, values = parts
+        check_chunk_keys(name, kg, keys, max_parallelism)
+        plain = _unpacked(name, kg, values)
+        if len(plain) != len(keys):
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
+        check(plain)
+        yield kg, keys, values, plain
+
+
+def log_chunks(name: str, entry: dict[str, Any], reader: StateReader,
+               key_group_range: KeyGroupRange, max_parallelism: int
+               ) -> Iterator[tuple[int, list[bytes], list[Any], list[bytes]]]:
+    """``(key group, serialized keys put, their plain values, serialized keys removed)`` of a
+    changelog entry inside the range, each chunk checked as :func:`indexed_chunks` does."""
+    check = value_check(name, entry)
+    for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
+        if len(parts) != 3:
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
+        puts_k, puts_v, removes = parts
+        check_chunk_keys(name, kg, puts_k, max_parallelism)
+        check_chunk_keys(name, kg, removes, max_parallelism)
+        plain = _unpacked(name, kg, puts_v)
+        if len(plain) != len(puts_k):
+            raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
+        check(plain)
+        yield kg, puts_k, plain, removes
 
 
 # --- plain entries ---------------------------------------------------------------------------------
@@ -330,6 +360,18 @@ def plain_in_range(name: str, keys: list[Any], values: list[Any], recorded: KeyG
     return [keys[i] for i in kept], [values[i] for i in kept]
 
 
+def plain_chunks(name: str, entry: dict[str, Any], reader: StateReader, recorded: KeyGroupRange,
+                 mine: KeyGroupRange, max_parallelism: int
+                 ) -> Iterator[tuple[list[Any], list[Any]]]:
+    """``(plain keys, plain values)`` of a plain entry's parts, the entries inside ``mine`` only,
+    each part checked as every restore checks it: every key inside the key groups its snapshot
+    ``recorded``, the values of the entry's kind and types."""
+    check = value_check(name, entry)
+    for keys, values in read_plain_entry(name, entry, reader):
+        check(values)
+        yield plain_in_range(name, keys, values, recorded, mine, max_parallelism)
+
+
 def check_chunk_keys(name: str, key_group: int, keys: Any, max_parallelism: int) -> None:
     """CorruptCheckpointError unless every serialized key of an indexed chunk belongs to the
     chunk's key group."""
@@ -373,30 +415,26 @@ def read_kv_states(
 ) -> Iterator[tuple[str, dict[str, Any], int, list[bytes], list[bytes]]]:
     """Yield ``(state name, entry, key group, keys, values)``, serialized, for every entry inside
     the range (and, with ``key_filter``, whose plain key it accepts); plain entries are
-    serialized and grouped here (restoring into a bytes backend).  Every key is checked against
-    the key groups its snapshot records."""
+    serialized and grouped here (restoring into a bytes backend).  Every part is checked by the
+    readers every restore uses (:func:`indexed_chunks`, :func:`plain_chunks`)."""
     for handle in handles:
         recorded = check_kv_handle(handle, max_parallelism)
         for name, entry in handle["states"].items():
             if entry.get("encoding") != "plain":
-                for kg, parts in read_kv_entry(name, entry, reader, key_group_range):
-                    if len(parts) != 2:
-                        raise CorruptCheckpointError(
-                            f"state '{name}' key group {kg}: malformed chunk")
-                    keys, values = parts
-                    check_chunk_keys(name, kg, keys, max_parallelism)
+                for kg, keys, values, _ in indexed_chunks(name, entry, reader, key_group_range,
+                                                          max_parallelism):
                     if key_filter is not None:
                         kept = [i for i, kb in enumerate(keys) if key_filter(unpackb(kb))]
                         keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     yield name, entry, kg, keys, values
                 continue
-            for keys, values in read_plain_entry(name, entry, reader):
+            for keys, values in plain_chunks(name, entry, reader, recorded, recorded,
+                                             max_parallelism):
                 try:
                     kbs = list(map(plain_key_bytes, keys))
                 except SerializationError as exc:
                     raise CorruptCheckpointError(f"state '{name}': {exc}") from None
                 groups = key_groups_for_bytes(kbs, max_parallelism)
-                _check_groups(name, groups, recorded)
                 chunks: dict[int, tuple[list[bytes], list[bytes]]] = {}
                 for key, kb, kg, value in zip(keys, kbs, groups.tolist(), values, strict=True):
                     if kg not in key_group_range or (key_filter is not None and not key_filter(key)):

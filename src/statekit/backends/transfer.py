@@ -26,6 +26,7 @@ from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.types import serializer_from_config
 
 #: the backend that reads each format natively, for the conversion of a snapshot
 _READERS: dict[str, Callable[[], StateBackend]] = {
@@ -47,6 +48,7 @@ def restore_into(backend: KeyedStateBackend, sources: list[RestoreSource], *,
         fmt = handle.get("format")
         if fmt not in _READERS:
             raise CorruptCheckpointError(f"unknown snapshot format {fmt!r}")
+        backend.restore_key_check(handle)  # a key type that cannot restore fails before any work
         readable = fmt in (backend.filterable_formats if filtering else backend.native_formats)
         (direct if readable else foreign).append((handle, reader))
     if not foreign:
@@ -69,8 +71,13 @@ def _neutral(backend: KeyedStateBackend, handle: dict[str, Any], reader: Any,
         key_groups = KeyGroupRange.of(handle["key_group_range"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptCheckpointError("snapshot without a valid key_group_range") from exc
+    # read with the key type the snapshot records (checked by restore_into): the savepoint
+    # records it too, and the target checks it against its own when it restores the savepoint
+    recorded = handle.get("key_type")
+    key_serializer = (backend.key_serializer if recorded is None
+                      else serializer_from_config(recorded))
     source = _READERS[handle["format"]]().create_keyed_state_backend(
-        key_serializer=backend.key_serializer, key_group_range=key_groups,
+        key_serializer=key_serializer, key_group_range=key_groups,
         max_parallelism=backend.max_parallelism, operator_id="transfer")
     try:
         source.restore([handle], reader)

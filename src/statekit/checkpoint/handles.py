@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from statekit.checkpoint.blobstore.base import check_key
+
 if TYPE_CHECKING:
     from statekit.checkpoint.reader import StateReader
 
@@ -42,22 +44,50 @@ def file_handle(path: str, size: int, crc: int) -> FileHandle:
     return {"type": "file", "path": path, "size": size, "crc": crc}
 
 
-def file_handles(obj: Any) -> Iterator[dict[str, Any]]:
-    """Every file handle inside a metadata body or handle, found recursively (depth first)."""
-    stack = [obj]
+#: the containers a metadata body is made of (msgpack arrays decode as lists; the tuple extension
+#: type decodes as a tuple, and a reader iterates both alike)
+_SEQUENCES = (list, tuple)
+
+
+def walk_handles(obj: Any) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Every inline or file handle inside a metadata body or handle, with the trail of keys and
+    indexes that leads to it: the one walk behind the schema pass, verification, the retention
+    sweep and garbage collection, so all of them see every handle a restore can read (through
+    maps, lists and tuples alike).  Iterative: the decoder bounds depth, not the stack."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(obj, ())]
     while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if item.get("type") == "file":
-                yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        item, trail = stack.pop()
+        if type(item) is dict:
+            if item.get("type") in ("inline", "file"):
+                yield trail, item
+                continue
+            stack.extend((v, (*trail, k)) for k, v in reversed(item.items())
+                         if type(v) is dict or type(v) in _SEQUENCES)
+        elif type(item) in _SEQUENCES:
+            stack.extend((v, (*trail, n)) for n, v in reversed(list(enumerate(item)))
+                         if type(v) is dict or type(v) in _SEQUENCES)
+
+
+def file_handles(obj: Any) -> Iterator[dict[str, Any]]:
+    """Every file handle inside a metadata body or handle (see :func:`walk_handles`)."""
+    return (handle for _, handle in walk_handles(obj) if handle.get("type") == "file")
+
+
+def inline_handles(obj: Any) -> Iterator[dict[str, Any]]:
+    """Every inline handle inside a metadata body or handle (see :func:`walk_handles`)."""
+    return (handle for _, handle in walk_handles(obj) if handle.get("type") == "inline")
+
+
+def file_path(handle: dict[str, Any]) -> str:
+    """The path a file handle names, normalized exactly as a reader opens it (``shared/x/`` is
+    ``shared/x``); UnsafePathError when it could leave the checkpoint's root."""
+    return check_key(handle.get("path"))  # type: ignore[arg-type]
 
 
 def file_paths(obj: Any) -> set[str]:
-    """Every file path a metadata body or handle references (found recursively)."""
-    return {h["path"] for h in file_handles(obj) if isinstance(h.get("path"), str)}
+    """Every file a restore of the metadata body (or handle) ``obj`` can read, normalized as the
+    reader opens it: what the retention sweep and garbage collection keep."""
+    return {file_path(h) for h in file_handles(obj)}
 
 
 def verify_body(body: dict[str, Any], reader: StateReader) -> None:

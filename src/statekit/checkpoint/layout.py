@@ -4,7 +4,10 @@ discard with mark-and-sweep of shared files, and orphan cleanup.
 ``<root>/<job_id>/chk-<n>/_metadata`` is written last and makes checkpoint ``n`` complete;
 ``shared/`` holds files several checkpoints reference.  Instead of a reference-count table that
 can drift after a crash, discarding checkpoint ``n`` deletes the shared files ``n`` referenced
-that no retained checkpoint's ``_metadata`` references.  ``attempts/b<batch>/<token>`` are empty
+that no retained checkpoint's ``_metadata`` references.  What a checkpoint references is what a
+restore of it reads (:func:`~statekit.checkpoint.handles.file_paths`), and only files named as
+statekit names them are ever deleted (:func:`written_here`): never a user's file, a link, or
+another job's directory nested inside this one.  ``attempts/b<batch>/<token>`` are empty
 markers of task attempts, for a writer that commits nothing of its own per batch (Spark's
 ``applyInPandasWithState`` adapter): which attempts ran a batch tells which one Spark kept.
 """
@@ -13,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.handles import file_paths, verify_body
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.reader import StateReader
-from statekit.checkpoint.streams import SHARED_PREFIX, CheckpointStreams
-from statekit.errors import CheckpointNotFoundError, CorruptCheckpointError
+from statekit.checkpoint.streams import SHARED_PREFIX, STATE_FILE, CheckpointStreams
+from statekit.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafePathError
 
 log = logging.getLogger("statekit.checkpoint")
 
@@ -35,6 +39,17 @@ CHK_PATTERN = re.compile(rf"^{CHK_NAME.pattern}/")
 ATTEMPTS_PREFIX = "attempts/"
 _ATTEMPT_BATCH = re.compile(r"b([0-9]{1,19})/")
 JOBMANAGER_SCHEME = "jobmanager://"
+#: the files statekit writes in a job directory: ``chk-<n>/_metadata``, state files directly in
+#: ``chk-<n>/`` or ``shared/``
+_WRITTEN = re.compile(rf"{CHK_NAME.pattern}/(?:{METADATA}|{STATE_FILE.pattern})|shared/{STATE_FILE.pattern}")
+#: temp files of interrupted writes, where statekit writes
+_TEMPORARY = re.compile(rf"(?:{CHK_NAME.pattern}|shared|attempts/b[0-9]{{1,19}})/\.tmp-[0-9a-f]+")
+
+
+def written_here(key: str) -> bool:
+    """Whether ``key`` (relative to a job directory) is named as statekit names the files it
+    writes there: only such files are ever deleted by the sweep or garbage collection."""
+    return _WRITTEN.fullmatch(key) is not None
 
 
 class CheckpointStorageAccess:
@@ -108,18 +123,23 @@ class CheckpointStorageAccess:
         return None
 
     def discard(self, checkpoint_id: int, retained: list[int]) -> None:
-        """Delete a checkpoint and every shared file no retained checkpoint still references."""
+        """Delete a checkpoint and every shared file no retained checkpoint still references
+        (only files statekit wrote; others stay and are logged)."""
         try:
             doomed = file_paths(self.load(checkpoint_id))
         except (CheckpointNotFoundError, ValueError):
             doomed = set()
-        self.store.delete(f"chk-{checkpoint_id}/{METADATA}")
-        self.store.delete_prefix(f"chk-{checkpoint_id}/")
+        prefix = f"chk-{checkpoint_id}/"
+        self.store.delete(prefix + METADATA)  # first: from now on the checkpoint is incomplete
+        self.delete_files(self.store.list(prefix))
+        self.store.prune(prefix)
         self._sweep_shared({p for p in doomed if p.startswith(SHARED_PREFIX)}, retained)
 
     def abort(self, checkpoint_id: int, written: list[str], retained: list[int]) -> None:
         """Remove what an unfinished checkpoint wrote; shared files only if nothing uses them."""
-        self.store.delete_prefix(f"chk-{checkpoint_id}/")
+        prefix = f"chk-{checkpoint_id}/"
+        self.delete_files(self.store.list(prefix))
+        self.store.prune(prefix)
         self._sweep_shared({p for p in written if p.startswith(SHARED_PREFIX)}, retained)
 
     def _sweep_shared(self, candidates: set[str], retained: list[int]) -> None:
@@ -131,8 +151,26 @@ class CheckpointStorageAccess:
                 in_use |= file_paths(self.load(cid))
             except CheckpointNotFoundError:
                 continue
-        for path in candidates - in_use:
-            self.store.delete(path)
+        self.delete_files(candidates - in_use)
+
+    def delete_files(self, keys: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+        """Delete the files statekit wrote among ``keys`` (by :func:`written_here` and the
+        temp-file pattern); ``(deleted, {left alone: why})``.  A link or other non-file in a
+        written file's place is left alone, never followed, and the rest go on."""
+        deleted: list[str] = []
+        kept: dict[str, str] = {}
+        for key in sorted(set(keys)):
+            if not (written_here(key) or _TEMPORARY.fullmatch(key)):
+                kept[key] = "not a file statekit writes"
+                continue
+            try:
+                self.store.delete(key)
+            except (UnsafePathError, CorruptCheckpointError) as exc:
+                log.warning("left %s/%s alone: %s", self.location, key, exc)
+                kept[key] = str(exc)
+                continue
+            deleted.append(key)
+        return deleted, kept
 
     def cleanup_orphans(self, in_flight: set[str] | None = None, temporary: bool = True) -> list[str]:
         """Delete files of checkpoints that never completed and shared files nothing references.
@@ -141,15 +179,13 @@ class CheckpointStorageAccess:
         ``temporary`` also deletes temp files of interrupted local writes (only safe while no
         writer is active, e.g. at job start after a crash).
         """
-        removed = self.orphans(in_flight, temporary)
-        for key in removed:
-            self.store.delete(key)
-        return removed
+        return self.delete_files(self.orphans(in_flight, temporary))[0]
 
     def orphans(self, in_flight: set[str] | None = None, temporary: bool = True) -> list[str]:
-        """What :meth:`cleanup_orphans` deletes, without deleting it: files under ``chk-<n>/`` of
-        checkpoints without ``_metadata`` and ``shared/`` files no complete checkpoint references
-        (and leftover temp files with ``temporary``)."""
+        """What :meth:`cleanup_orphans` deletes, without deleting it: files statekit wrote under
+        ``chk-<n>/`` of checkpoints without ``_metadata`` and in ``shared/`` that no complete
+        checkpoint references (and leftover temp files with ``temporary``).  Other files (a
+        user's, another job's nested here) are never garbage."""
         completed = self.completed()
         referenced: set[str] = set(in_flight or ())
         for cid in completed:
@@ -159,10 +195,11 @@ class CheckpointStorageAccess:
         for key in self.store.list():
             match = CHK_PATTERN.match(key)
             orphan_chk = match is not None and f"chk-{match.group(1)}/" not in done
-            if (orphan_chk or key.startswith(SHARED_PREFIX)) and key not in referenced:
+            if ((orphan_chk or key.startswith(SHARED_PREFIX)) and written_here(key)
+                    and key not in referenced):
                 removed.append(key)
         if temporary:
-            removed += self.store.list_temporary()
+            removed += [k for k in self.store.list_temporary() if _TEMPORARY.fullmatch(k)]
         return removed
 
     # --- task attempt markers --------------------------------------------------------------------

@@ -29,6 +29,20 @@ class StateReader:
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
+        self._sized: set[str] = set()  # files whose real size was found to be the recorded one
+
+    def _check_size(self, handle: dict[str, Any], path: str) -> int:
+        """The file's size after checking it is the one its handle records: a file longer than
+        recorded is as damaged as a shorter one (TruncatedCheckpointError), whatever part of it
+        a reader asks for.  Checked once per file and reader."""
+        recorded = handle.get("size")
+        if path in self._sized:
+            return recorded  # type: ignore[return-value]
+        real = self.store.size(path)
+        if real != recorded:
+            raise TruncatedCheckpointError(f"{path}: {real} bytes, metadata records {recorded}")
+        self._sized.add(path)
+        return real
 
     def read_parts(self, handle: dict[str, Any], locations: list[list[int]]
                    ) -> Iterator[bytes | memoryview]:
@@ -48,9 +62,8 @@ class StateReader:
         path = check_key(str(handle.get("path")))
         spans = _spans(locations)
         # buffers never larger than the real file (a forged part length of 256 MiB in an 836-byte
-        # file allocated a gigabyte); a part past its end reads short and fails its check below,
-        # after the good parts before it
-        real = self.store.size(path)
+        # file allocated a gigabyte), which is the recorded size (the parts tile it)
+        real = self._check_size(handle, path)
         ahead: queue.Queue[Any] = queue.Queue()
         # reused read buffers (also bounding the read-ahead): fresh memory for every read costs
         # page faults a restore cannot spare
@@ -108,6 +121,8 @@ class StateReader:
             data = blob if offset is None else blob[offset : offset + (length or 0)]
         elif kind == "file":
             path = check_key(str(handle.get("path")))
+            if offset is not None:
+                self._check_size(handle, path)
             data = self.store.get(path) if offset is None else self.store.get(path, offset, length)
         else:
             raise CorruptCheckpointError(f"unknown state handle type {kind!r}")

@@ -16,12 +16,15 @@ for it (:func:`register_format`); handles of unknown formats get the generic che
 from __future__ import annotations
 
 import itertools
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
 from statekit.checkpoint.blobstore.base import check_key
+from statekit.checkpoint.handles import walk_handles
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
+from statekit.serde.types import serializer_from_config
 from statekit.state.descriptors import state_name_problem
 
 #: the largest file or chunk a handle may record (256 TiB)
@@ -123,6 +126,15 @@ def tiling(value: list[list[int]], path: str, size: int) -> None:
         raise fail(path, f"the parts cover {end} of the file's {size} bytes")
 
 
+def key_type(value: Any, path: str) -> Any:
+    """A recorded key type: the config of a serializer statekit has."""
+    try:
+        serializer_from_config(value)
+    except (ValueError, TypeError, RecursionError):
+        raise fail(path, f"unknown key type {reprlib.repr(value)}") from None
+    return value
+
+
 def location(value: Any, path: str, size: int) -> list[int]:
     """One ``[offset, length, crc]`` inside ``size`` bytes."""
     return locations([value], path, size)[0]
@@ -187,32 +199,37 @@ def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> d
             integer(attempt[0], f"{where}: attempts[{n}]")
             text(attempt[1], f"{where}: attempts[{n}]")
     if "tasks" in body or body.get("layout") in _WITH_TASKS:
-        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp,
-                     whole="parallelism" in body)
+        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp)
     return body
 
 
-def _check_tasks(value: Any, path: str, maxp: int | None, whole: bool) -> None:
-    """Every task handle, their key-group ranges disjoint; a job's checkpoint (``whole``: it
-    records its parallelism, so every subtask wrote a handle) covers all its key groups, so a
-    lost handle is an error, never a restore into empty state."""
+def _check_tasks(value: Any, path: str, maxp: int | None) -> None:
+    """Every task handle, their key-group ranges disjoint and together covering every key group
+    of their max parallelism: every writer's handles do (a job's tasks split the key groups, a
+    Spark partition and a savepoint hold them all), so a lost handle is an error, never a
+    restore into empty state.  The coverage rests on the handles alone, no optional field."""
     tasks = mapping(value, path)
     if not tasks:
         raise fail(path, "no task handles (a checkpoint always holds at least one)")
     ranges: list[tuple[KeyGroupRange, str]] = []
+    parallelisms: set[int] = set()
     for name, task in tasks.items():
         where = f"{path}.{text(name, path)}"
         recorded = _check_task(mapping(task, where), where, maxp)
         if recorded is not None:
             ranges.append((recorded, where))
+            parallelisms.add(task["max_parallelism"])
     ranges.sort(key=lambda item: item[0].start)
     for (first, _), (second, where) in itertools.pairwise(ranges):
         if second.start <= first.end:
             raise fail(where, "its key groups overlap another task's")
-    if whole and maxp is not None and len(ranges) == len(tasks):
-        covered = sum(r.end - r.start + 1 for r, _ in ranges)
-        if covered != maxp:
-            raise fail(path, f"the task handles cover {covered} of the job's {maxp} key groups "
+    if len(parallelisms) > 1:
+        raise fail(path, f"the task handles disagree on max_parallelism ({sorted(parallelisms)})")
+    if ranges and len(ranges) == len(tasks):
+        whole = maxp or parallelisms.pop()
+        covered = sum(len(r) for r, _ in ranges)
+        if covered != whole:
+            raise fail(path, f"the task handles cover {covered} of the job's {whole} key groups "
                              "(a task's state is missing)")
 
 
@@ -224,6 +241,8 @@ def _check_task(task: dict[Any, Any], path: str, maxp: int | None) -> KeyGroupRa
     fmt = text(task["format"], f"{path}.format")
     if "backend" in task:
         text(task["backend"], f"{path}.backend")
+    if "key_type" in task:
+        key_type(task["key_type"], f"{path}.key_type")
     own = integer(task.get("max_parallelism"), f"{path}.max_parallelism", 1,
                   UPPER_BOUND_MAX_PARALLELISM)
     if maxp is not None and own != maxp:
@@ -241,14 +260,8 @@ def _check_task(task: dict[Any, Any], path: str, maxp: int | None) -> KeyGroupRa
 
 
 def _check_handles(value: Any, path: str) -> None:
-    """Every inline or file handle nested in ``value`` (iteratively; the decoder bounds depth).
+    """Every inline or file handle nested in ``value``, found by the walk every other reader of
+    handles uses (:func:`~statekit.checkpoint.handles.walk_handles`: maps, lists and tuples).
     Paths are only spelled out for the error."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
-    while stack:
-        item, trail = stack.pop()
-        if type(item) is dict:
-            if item.get("type") in ("inline", "file"):
-                handle(item, path + "".join(f".{step}" for step in trail))
-            stack.extend((v, (*trail, k)) for k, v in item.items() if type(v) in (dict, list))
-        elif type(item) in (list, tuple):
-            stack.extend((v, (*trail, n)) for n, v in enumerate(item) if type(v) in (dict, list))
+    for trail, item in walk_handles(value):
+        handle(item, path + "".join(f".{step}" for step in trail))

@@ -31,6 +31,9 @@ from statekit.errors import CheckpointError, StateSizeError
 
 SHARED_PREFIX = "shared/"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+#: the name of every file :class:`CheckpointStreams` writes (``<task>-<state>-<12 hex digits>``),
+#: so that garbage collection deletes nothing else
+STATE_FILE = re.compile(r"[A-Za-z0-9_.-]*-[0-9a-f]{12}")
 #: the most characters of a task or state name in a file name (the uuid suffix keeps it unique;
 #: file systems take 255 bytes per name)
 _NAME_IN_FILE = 96

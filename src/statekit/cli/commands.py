@@ -137,9 +137,12 @@ def inspect(path: str, as_json: bool, batch: int | None, checkpoint_id: int | No
     states = view.states(include_internal=internal)
     counted: dict[tuple[str, str], int] = {}
     if count:
-        for s in states:
-            with output.progress(f"counting {s.name}", s.bytes) as advance:
-                counted[(s.operator, s.name)] = s.count(progress=advance)
+        from statekit.backends.structure import reusing_native_dbs
+
+        with reusing_native_dbs():  # a RocksDB partition downloaded once for all its states
+            for s in states:
+                with output.progress(f"counting {s.name}", s.bytes) as advance:
+                    counted[(s.operator, s.name)] = s.count(progress=advance)
     if as_json:
         output.emit_json({
             "checkpoint": view.info.to_dict(),
@@ -216,7 +219,10 @@ def verify(path: str, as_json: bool, deep: bool, latest: bool,
               help="Delete what is found (default: a dry run). Only for stopped jobs.")
 @common
 def gc(path: str, as_json: bool, delete: bool, storage_options: dict[str, Any]) -> None:
-    """Files of checkpoints that never completed and shared files nothing references."""
+    """Files of checkpoints that never completed and shared files nothing references.
+
+    Only files named as statekit names them are garbage; other files (yours, another job's) and
+    links are never deleted."""
     from statekit.inspection import collect_garbage
 
     report = collect_garbage(path, delete=delete, storage_options=storage_options)
@@ -224,8 +230,13 @@ def gc(path: str, as_json: bool, delete: bool, storage_options: dict[str, Any]) 
         output.emit_json(report.to_dict())
         return
     output.table(None, ["REASON", "PATH"], [[g.reason, g.path] for g in report.items])
-    done = "deleted" if delete else "would delete (dry run; --delete deletes)"
-    output.line(f"{len(report.items)} file(s) {done}")
+    for left in report.skipped:
+        output.error(f"left alone: {left.path}: {left.reason}")
+    if delete:
+        output.line(f"{len(report.items) - len(report.skipped)} file(s) deleted"
+                    + (f", {len(report.skipped)} left alone" if report.skipped else ""))
+    else:
+        output.line(f"{len(report.items)} file(s) would delete (dry run; --delete deletes)")
 
 
 # --- state export --------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from statekit.backends.kinds import KINDS
 from statekit.errors import SerializationError
+from statekit.serde.types import describe_type as describe  # noqa: F401 (a short type name)
 
 Convert = Callable[[Any], Any] | None
 #: how a key or value column is chosen: ``"auto"`` (the recorded type; inferred when untyped),
@@ -39,24 +41,6 @@ _SCALARS: dict[str, tuple[pa.DataType, Convert]] = {
 }
 NAMES = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "double": pa.float64(),
          "binary": pa.binary(), "bool": pa.bool_()}
-
-
-def describe(config: Any) -> str:
-    """A short type name for a serializer config (``LONG``, ``LIST<STRING>``, ``MAP<...>``)."""
-    if isinstance(config, str):
-        return {"generic": "GENERIC", "pickle": "PICKLED"}.get(config, config)
-    if isinstance(config, list | tuple) and config:
-        name = str(config[0])
-        if name in _LISTS and len(config) == 2:
-            return f"{name.upper()}<{describe(config[1])}>"
-        if name == "map" and len(config) == 3:
-            return f"MAP<{describe(config[1])}, {describe(config[2])}>"
-        if name in ("tuple", "row") and len(config) == 2:
-            return f"{name.upper()}<{', '.join(describe(c) for c in config[1])}>"
-        if name == "row_named" and len(config) == 3:
-            fields = ", ".join(f"{n}: {describe(c)}" for n, c in zip(config[1], config[2], strict=False))
-            return f"ROW<{fields}>"
-    return repr(config)
 
 
 # --- JSON text for values without one Arrow type -------------------------------------------------
@@ -168,8 +152,10 @@ class RowPlan:
 
     def __init__(self, layout: list[Any], kind: str, sample: Callable[[], Chunk | None], *,
                  key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
-                 user_key_type: TypeChoice = "auto") -> None:
+                 user_key_type: TypeChoice = "auto", key_config: Any = "generic") -> None:
         self.kind, self.ttl = kind, bool(layout[3]) if len(layout) > 3 else False
+        # how a stored value becomes rows, by the kind table: value / elements / entries
+        self.rows = rows = KINDS[kind].rows if kind in KINDS else "value"
         cached: list[Chunk | None] = []
 
         def first() -> Chunk | None:
@@ -184,21 +170,22 @@ class RowPlan:
         def parts(index: int | None) -> list[Any]:
             chunk, out = first(), []
             for stored in [] if chunk is None else chunk.values[:1000]:
-                items = [stored] if kind == "value" else stored
+                items = [stored] if rows == "value" else stored
                 for item in items[:100]:
-                    pair = item if index is None or kind != "map" else item[index]
-                    stamped = self.ttl and (kind != "map" or index == 1)
+                    pair = item if index is None or rows != "entries" else item[index]
+                    stamped = self.ttl and (rows != "entries" or index == 1)
                     if pair is not None:
                         out.append(pair[0] if stamped else pair)
             return out
 
-        self.key = _choose(key_type, "generic", keys)
-        self.user_key = _choose(user_key_type, layout[2], lambda: parts(0)) if kind == "map" else None
-        self.value = _choose(value_type, layout[1], lambda: parts(1 if kind == "map" else None))
+        self.key = _choose(key_type, key_config, keys)  # key_config: the recorded key type
+        self.user_key = (_choose(user_key_type, layout[2], lambda: parts(0)) if rows == "entries"
+                         else None)
+        self.value = _choose(value_type, layout[1], lambda: parts(1 if rows == "entries" else None))
         fields = [pa.field("key", self.key[0])]
-        if kind == "list":
+        if rows == "elements":
             fields.append(pa.field("index", pa.int32()))
-        elif kind == "map" and self.user_key is not None:
+        elif rows == "entries" and self.user_key is not None:
             fields.append(pa.field("user_key", self.user_key[0]))
         fields.append(pa.field("value", self.value[0]))
         if self.ttl:
@@ -221,9 +208,9 @@ class RowPlan:
 
     def columns(self, chunk: Chunk) -> dict[str, list[Any]]:
         """The chunk's entries as column lists, before conversion."""
-        keys, values, ttl, kind = chunk.keys, chunk.values, self.ttl, self.kind
+        keys, values, ttl, rows = chunk.keys, chunk.values, self.ttl, self.rows
         cols: dict[str, list[Any]] = {}
-        if kind == "value":
+        if rows == "value":
             cols["key"] = keys
             cols["value"] = [v[0] for v in values] if ttl else values
             if ttl:
@@ -231,7 +218,7 @@ class RowPlan:
             return cols
         out_keys, second, vals, stamps = [], [], [], []
         for key, stored in zip(keys, values, strict=True):
-            if kind == "list":
+            if rows == "elements":
                 for i, element in enumerate(stored):
                     out_keys.append(key)
                     second.append(i)
@@ -246,7 +233,7 @@ class RowPlan:
                     if ttl:
                         stamps.append(None if entry is None else entry[1])
         cols["key"] = out_keys
-        cols["index" if kind == "list" else "user_key"] = second
+        cols["index" if rows == "elements" else "user_key"] = second
         cols["value"] = vals
         if ttl:
             cols["ttl_timestamp"] = stamps

@@ -22,13 +22,13 @@ from typing import Any
 from statekit.checkpoint.blobstore.base import BlobStore
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.blobstore.local import LocalBlobStore
-from statekit.checkpoint.layout import METADATA, CheckpointStorageAccess
+from statekit.checkpoint.layout import CHK_NAME, METADATA, CheckpointStorageAccess
 from statekit.checkpoint.metadata import decode_metadata
 from statekit.errors import CheckpointNotFoundError, StatekitError
 from statekit.inspection.model import CheckpointInfo, handle_size, timestamp_of
 from statekit.runtime.partition import OperatorManifest
 
-_CHK = re.compile(r"^(?:(.*)/)?chk-(\d+)/(.+)$")
+_CHK = re.compile(rf"^(?:(.*)/)?{CHK_NAME.pattern}/(.+)$")
 _PARTITION = re.compile(r"^p(\d+)$")
 _ATTEMPT = re.compile(r"^(?:(.*)/)?attempts/b(\d+)/([^/]+)$")
 
@@ -69,12 +69,17 @@ class Listing:
 
     def access(self, job: JobDir) -> CheckpointStorageAccess:
         """The layout of one job directory (its paths are relative to it)."""
-        url = _join(self.url, job.rel)
-        store = self.store if not job.rel else blob_store_for(url, self.storage_options)
-        return CheckpointStorageAccess(store, url, 0)
+        return CheckpointStorageAccess(self.store_at(job.rel), _join(self.url, job.rel), 0)
 
     def store_at(self, rel: str) -> BlobStore:
-        return self.store if not rel else blob_store_for(_join(self.url, rel), self.storage_options)
+        """The store of the directory ``rel`` below the listed location, derived from the
+        listing's own store (a directory name is never parsed as a URL: ``a::b`` stays one)."""
+        if not rel:
+            return self.store
+        child = getattr(self.store, "child", None)
+        if child is None:
+            return blob_store_for(_join(self.url, rel), self.storage_options)
+        return child(rel)  # type: ignore[no-any-return]
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> BlobStore:
@@ -108,20 +113,22 @@ def scan(url: str, storage_options: dict[str, Any] | None = None) -> Listing:
             savepoints.append(posixpath.dirname(key))
         elif posixpath.basename(key) == OperatorManifest.NAME:
             operators.append(posixpath.dirname(key))
+    # how many ``p<n>`` partition directories each parent holds: several make a manifest-less
+    # operator (counted once, so the listing stays linear in the number of directories)
+    partitions: dict[str, int] = {}
+    for rel in jobs:
+        parent, base = posixpath.split(rel)
+        if _PARTITION.match(base):
+            partitions[parent] = partitions.get(parent, 0) + 1
+    known = set(operators)
     for job in jobs.values():
         job.incomplete -= job.complete
         parent, base = posixpath.split(job.rel)
         match = _PARTITION.match(base)
-        if match is not None and (parent in operators or job.attempts or _is_spark(parent, jobs)):
+        if match is not None and (parent in known or job.attempts or partitions[parent] > 1):
             job.operator, job.partition = parent, int(match.group(1))
     jobs = {rel: job for rel, job in jobs.items() if job.complete or job.incomplete}
     return Listing(url, store, options, jobs, sorted(savepoints), sorted(operators))
-
-
-def _is_spark(parent: str, jobs: dict[str, JobDir]) -> bool:
-    """Whether ``parent`` holds several ``p<n>`` partition directories (a manifest-less operator)."""
-    return sum(1 for rel in jobs if posixpath.dirname(rel) == parent
-               and _PARTITION.match(posixpath.basename(rel))) > 1
 
 
 def valid_snapshot(job: JobDir, body: dict[str, Any]) -> bool:

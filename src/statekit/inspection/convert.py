@@ -21,6 +21,7 @@ import msgpack
 
 from statekit import workdirs
 from statekit.backends.kvformat import KV_FORMAT
+from statekit.backends.structure import reusing_native_dbs
 from statekit.checkpoint.checksum import locate
 from statekit.checkpoint.savepoint import Savepoint
 from statekit.checkpoint.streams import CheckpointStreams
@@ -117,10 +118,12 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
 
     ``backend`` names the backend meant to restore it (recorded; every backend reads the
     format), ``max_parallelism`` the key groups it is cut into (default: the source's).
-    statekit's internal states are left out unless ``include_internal``.
+    statekit's internal states are left out unless ``include_internal``.  A target inside the
+    checkpoint's own directory is refused (ConfigError).
     """
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
         source, batch=batch, storage_options=storage_options)
+    view.check_outside(target_dir)
     operators = view.operators
     if operator is None and len(operators) > 1:
         raise StateError(f"{view.path} holds operators {', '.join(operators)}; name one")
@@ -136,18 +139,22 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
     streams = savepoint.streams("converted", INLINE_THRESHOLD)
     work = workdirs.create(tempfile.gettempdir(), "statekit-convert-")
     try:
-        entries = {}
-        for state in view.states(include_internal):
-            if state.operator != op:
-                continue
-            size = state.bytes or sum(p.bytes for p in state.partitions)
-            buckets = max(1, min(maxp, _MAX_BUCKETS, size // _BUCKET_BYTES + 1))
-            paths = _spill(state, maxp, buckets, work, progress)
-            entries[state.name] = _write_indexed(streams, state, paths, work)
+        with reusing_native_dbs():  # every state of a partition from one download
+            entries = {}
+            for state in view.states(include_internal):
+                if state.operator != op:
+                    continue
+                size = state.bytes or sum(p.bytes for p in state.partitions)
+                buckets = max(1, min(maxp, _MAX_BUCKETS, size // _BUCKET_BYTES + 1))
+                paths = _spill(state, maxp, buckets, work, progress)
+                entries[state.name] = _write_indexed(streams, state, paths, work)
     finally:
         workdirs.remove(work)
     handle = {"format": KV_FORMAT, "backend": name, "key_group_range": [0, maxp - 1],
               "max_parallelism": maxp, "states": entries}
+    recorded = [source.handle.get("key_type") for source in view.sources]
+    if recorded and recorded[0] is not None and all(r == recorded[0] for r in recorded):
+        handle["key_type"] = recorded[0]  # the keys are copied unchanged: so is their type
     kept = {k: v for k, v in body.items() if k in ("job_id", "job_name", "source", "parallelism",
                                                    "query_id", "operator_id", "batch")}
     return savepoint.commit({

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
+from statekit.checkpoint.blobstore.base import is_url
 from statekit.inspection.arrow import TypeChoice, to_json
 from statekit.inspection.model import _Record
 from statekit.inspection.views import CheckpointView, open_checkpoint
@@ -42,7 +43,7 @@ class ExportResult(_Record):
 def _sink(target: str, options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
     """A binary file for ``target``: a local file, or an fsspec file (object stores upload in
     parts as it fills, completing on close; a failed export leaves no object behind)."""
-    if "://" not in target or target.startswith("file://"):
+    if not is_url(target) or target.startswith("file://"):
         path = target[len("file://"):] if target.startswith("file://") else target
         os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
         with open(path, "wb") as fh:
@@ -161,11 +162,13 @@ def export_state(source: str | CheckpointView, state: str, to: str, *, fmt: str 
                  value_type: TypeChoice = "auto", compression: str | None = "snappy",
                  progress: Progress = None) -> ExportResult:
     """Write state ``state`` of a checkpoint (a path or an opened view) to ``to`` in ``fmt``
-    (``parquet``, ``csv`` or ``jsonl``), streaming: memory holds about one record batch."""
+    (``parquet``, ``csv`` or ``jsonl``), streaming: memory holds about one record batch.  A
+    target inside the checkpoint's own directory is refused (ConfigError)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; expected one of {', '.join(FORMATS)}")
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
         source, batch=batch, storage_options=storage_options)
+    view.check_outside(to)
     target = view.state(state, operator)
     schema = target.schema(key_type, value_type)
     read = [0]

@@ -1,7 +1,9 @@
 """Garbage in checkpoint directories: files of checkpoints that never completed, shared files
 no complete checkpoint references, temp files of interrupted writes.  The rule is the one
 :meth:`~statekit.checkpoint.layout.CheckpointStorageAccess.cleanup_orphans` applies at job start;
-here it is listed (a dry run) unless deletion is asked for.
+here it is listed (a dry run) unless deletion is asked for.  Only files named as statekit names
+them are garbage; a file any complete checkpoint's restore reads never is.  A link planted in a
+file's place is left alone (and reported), and the collection goes on.
 
 Only for stopped jobs: a running job's checkpoint in flight looks exactly like garbage.
 """
@@ -32,6 +34,8 @@ class GcReport(_Record):
     target: str
     deleted: bool
     items: list[Garbage] = field(default_factory=list)
+    #: garbage that could not be deleted (a link or non-file put in its place): left alone
+    skipped: list[Garbage] = field(default_factory=list)
 
 
 def collect_garbage(path: str, *, delete: bool = False,
@@ -42,12 +46,16 @@ def collect_garbage(path: str, *, delete: bool = False,
     for job in catalog.jobs_of(listing):
         access = listing.access(job)
         temporary = set(access.store.list_temporary())
-        for key in access.orphans(temporary=True):
+        found = access.orphans(temporary=True)
+        kept: dict[str, str] = {}
+        if delete:
+            _, kept = access.delete_files(found)
+        for key in found:
             reason = ("temporary" if key in temporary else
                       "unreferenced-shared" if key.startswith(SHARED_PREFIX) else
                       "incomplete-checkpoint")
-            report.items.append(Garbage(job=access.location, path=f"{access.location}/{key}",
-                                        reason=reason))
-            if delete:
-                access.store.delete(key)
+            item = Garbage(job=access.location, path=f"{access.location}/{key}", reason=reason)
+            report.items.append(item)
+            if key in kept:
+                report.skipped.append(Garbage(job=item.job, path=item.path, reason=kept[key]))
     return report

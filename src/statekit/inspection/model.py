@@ -12,7 +12,7 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from statekit.checkpoint.handles import file_handles
+from statekit.checkpoint.handles import walk_handles
 
 #: states statekit keeps for itself (the applyInPandasWithState applied markers): hidden by default
 INTERNAL_PREFIX = "__statekit"
@@ -142,19 +142,14 @@ def handle_size(obj: Any) -> tuple[int, int]:
     """``(bytes, files)`` a metadata body or handle references: every distinct file once, plus
     every inline chunk."""
     sizes: dict[str, int] = {}
-    for handle in file_handles(obj):
-        sizes[str(handle.get("path"))] = int(handle.get("size") or 0)
     inline = 0
-    stack = [obj]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if item.get("type") == "inline":
-                inline += int(item.get("size") or 0)
-                continue
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    for _, handle in walk_handles(obj):
+        size = handle.get("size")
+        size = size if type(size) is int else 0
+        if handle.get("type") == "file":
+            sizes[str(handle.get("path")).rstrip("/")] = size
+        else:
+            inline += size
     return sum(sizes.values()) + inline, len(sizes)
 
 

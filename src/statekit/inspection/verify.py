@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statekit.checkpoint.handles import file_handles
+from statekit.checkpoint.handles import file_handles, file_path, inline_handles
 from statekit.checkpoint.layout import METADATA
 from statekit.checkpoint.metadata import decode_metadata
 from statekit.checkpoint.reader import StateReader
@@ -31,10 +31,8 @@ def _check_body(report: VerifyReport, checkpoint: str, location: str, store: Any
                 progress: Progress) -> None:
     reader = StateReader(store)
     report.checkpoints.append(checkpoint)
-    for handle in _handles(body):
-        if handle.get("type") != "file":
-            continue
-        path = f"{location}/{handle.get('path')}"
+    for key, handle in _handles(body).items():
+        path = f"{location}/{key}"
         if path in seen:  # a shared file another checkpoint referenced: checked already
             earlier = seen[path]
             if earlier is not None:
@@ -51,7 +49,7 @@ def _check_body(report: VerifyReport, checkpoint: str, location: str, store: Any
             report.problems.append(problem)
     broken = any(p.checkpoint == checkpoint for p in report.problems)
     for name, handle in _tasks(body):
-        for inline in _inline(handle):
+        for inline in inline_handles(handle):
             try:
                 report.bytes += reader.check(inline)
             except (StatekitError, OSError) as exc:
@@ -74,25 +72,13 @@ def _check_body(report: VerifyReport, checkpoint: str, location: str, store: Any
                 report.problems.append(_problem(checkpoint, f"{checkpoint} ({name}, state {state})", exc))
 
 
-def _handles(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _handles(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every file a restore of ``body`` reads, by its normalized path (the walk the retention
+    sweep and garbage collection use: what they keep is what is checked here)."""
     unique: dict[str, dict[str, Any]] = {}
     for handle in file_handles(body.get("tasks", {})):
-        unique.setdefault(str(handle.get("path")), handle)
-    return list(unique.values())
-
-
-def _inline(handle: dict[str, Any]) -> list[dict[str, Any]]:
-    out, stack = [], [handle]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if item.get("type") == "inline":
-                out.append(item)
-                continue
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return out
+        unique.setdefault(file_path(handle), handle)
+    return unique
 
 
 def _tasks(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

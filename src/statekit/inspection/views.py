@@ -9,15 +9,18 @@ newest version, or the one of ``batch``), on the local disk or any fsspec URL.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statekit.checkpoint.blobstore.base import is_url
+from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import METADATA
 from statekit.checkpoint.metadata import decode_metadata
-from statekit.errors import CheckpointNotFoundError, StateError, StatekitError
+from statekit.errors import CheckpointNotFoundError, ConfigError, StateError, StatekitError
 from statekit.inspection import catalog
 from statekit.inspection.arrow import RowPlan, TypeChoice, describe, record_batches
 from statekit.inspection.entries import (
@@ -59,6 +62,9 @@ class StateView:
         first = parts[0][1]
         self.kind, self.layout, self.ttl = first.kind, first.layout, first.ttl
         self.value_type, self.user_key_type = first.value_type, first.user_key_type
+        # the key type the snapshots record (generic, so inferred, when absent or mixed)
+        recorded = [source.handle.get("key_type", "generic") for _, _, source in parts]
+        self.key_config = recorded[0] if all(r == recorded[0] for r in recorded) else "generic"
         self._plans: dict[tuple[Any, ...], RowPlan] = {}
 
     @property
@@ -84,7 +90,8 @@ class StateView:
         plan = self._plans.get(cache_key)
         if plan is None:
             plan = RowPlan(self.layout, self.kind, self._sample, key_type=key_type,
-                           value_type=value_type, user_key_type=user_key_type)
+                           value_type=value_type, user_key_type=user_key_type,
+                           key_config=self.key_config)
             self._plans[cache_key] = plan
         return plan
 
@@ -179,6 +186,18 @@ class CheckpointView:
                 if include_internal or not state.internal:
                     grouped.setdefault((part.operator, state.name), []).append((part, state, source))
         return [StateView(name, op, parts) for (op, name), parts in sorted(grouped.items())]
+
+    def check_outside(self, target: str, what: str = "to") -> None:
+        """ConfigError when ``target`` (a path or URL a tool writes to) lies inside a directory
+        this view reads: a checkpoint, savepoint or Spark partition directory is statekit's,
+        and writing into it (its own ``_metadata`` included) would damage it."""
+        where = _location(target)
+        for source in self.sources:
+            root = _location(source.store.root if isinstance(source.store, LocalBlobStore)
+                             else source.store.describe())
+            if where == root or where.startswith(root.rstrip("/") + "/"):
+                raise ConfigError(what, f"{target} lies inside the checkpoint directory {root}; "
+                                        "write it somewhere else")
 
     def state(self, name: str, operator: str | None = None) -> StateView:
         """The state ``name`` (of ``operator`` when several operators have one of that name)."""
@@ -333,6 +352,16 @@ def _partitions(items: list[tuple[str, PartitionSource, int | None, int | None]]
             incremental=bool(handle.get("incremental")), version=int(version or 0),
             batch=batch, bytes=size, files=files, states=tuple(states)), source))
     return out
+
+
+def _location(target: str) -> str:
+    """A comparable form of a path or URL: a local path resolved (links included, ``file://``
+    dropped), a URL without trailing slashes."""
+    if target.startswith("file://"):
+        target = target[len("file://"):]
+    if is_url(target):
+        return target.rstrip("/")
+    return os.path.realpath(os.path.abspath(target))
 
 
 def _operator(task_name: str) -> str:

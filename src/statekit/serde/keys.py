@@ -118,13 +118,6 @@ def check_key(key: Any) -> None:
         raise _key_error(key, exc) from None
 
 
-def check_keys(keys: Any) -> None:
-    """:func:`check_key` of every key in ``keys`` (one C-level pass when all are str/int/bytes)."""
-    if not set(map(type, keys)) <= PLAIN_KEY_TYPES:
-        for key in keys:
-            check_key(key)
-
-
 def plain_key_bytes(plain: Any) -> bytes:
     """The canonical serialized key of a plain form read from a snapshot; SerializationError
     when it cannot be a key (the caller reports the checkpoint as corrupt)."""

@@ -36,6 +36,7 @@ __all__ = [
     "TypeInformation",
     "TypeSerializer",
     "Types",
+    "describe_type",
     "packb",
     "serializer_for",
     "serializer_from_config",
@@ -287,3 +288,22 @@ def serializer_from_config(config: Any) -> TypeSerializer:
         if name == "row_named" and len(config) == 3:
             return NamedRowSerializer(list(config[1]), [serializer_from_config(c) for c in config[2]])
     raise ValueError(f"unknown serializer config {config!r}")
+
+
+def describe_type(config: Any) -> str:
+    """A short type name for a serializer config (``LONG``, ``LIST<STRING>``, ``MAP<...>``)."""
+    if isinstance(config, str):
+        return {"generic": "GENERIC", "pickle": "PICKLED"}.get(config, config)
+    if isinstance(config, list | tuple) and config:
+        name = str(config[0])
+        if name in _LIST_CONFIGS and len(config) == 2:
+            return f"{name.upper()}<{describe_type(config[1])}>"
+        if name == "map" and len(config) == 3:
+            return f"MAP<{describe_type(config[1])}, {describe_type(config[2])}>"
+        if name in ("tuple", "row") and len(config) == 2:
+            return f"{name.upper()}<{', '.join(describe_type(c) for c in config[1])}>"
+        if name == "row_named" and len(config) == 3:
+            fields = ", ".join(f"{n}: {describe_type(c)}"
+                               for n, c in zip(config[1], config[2], strict=False))
+            return f"ROW<{fields}>"
+    return repr(config)

@@ -95,7 +95,7 @@ class StatekitReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: Any) -> None:
         state = _state(options)
         plan = _plan(state, options)
-        self.layout, self.kind = state.layout, state.kind
+        self.layout, self.kind, self.key_config = state.layout, state.kind, state.key_config
         self.choices = plan.choices()  # executors rebuild the plan without sampling
         self.splits = state.splits(int(_option(options, "keyGroupSplits", 1)))
         self.schema = schema
@@ -108,7 +108,8 @@ class StatekitReader(DataSourceReader):
 
         assert isinstance(partition, StatekitPartition)
         split = partition.split
-        plan = RowPlan(self.layout, self.kind, lambda: None, **self.choices)
+        plan = RowPlan(self.layout, self.kind, lambda: None, key_config=self.key_config,
+                       **self.choices)
         target = to_arrow_schema(self.schema, timezone="UTC")
         rng = None if split.key_groups is None else KeyGroupRange.of(split.key_groups)
         for batch in record_batches(plan, iter_chunks(split.source, split.state, rng)):

@@ -48,6 +48,7 @@ class KeyedCluster:
         return len(self.partitions)
 
     def _build(self, parallelism: int, checkpoint_id: int | None) -> None:
+        self._built = parallelism
         for backend in self.partitions:
             backend.dispose()
         handles: dict[str, Any] = {}
@@ -62,8 +63,13 @@ class KeyedCluster:
             )
             wanted = [h for h in handles.values()
                       if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))]
-            if wanted:
-                backend.restore(wanted, self.access.reader())
+            try:
+                if wanted:
+                    backend.restore(wanted, self.access.reader())
+            except BaseException:
+                backend.dispose()
+                self.close()
+                raise
             self.partitions.append(backend)
 
     def partition_of(self, key: Any) -> KeyedStateBackend:
@@ -89,10 +95,14 @@ class KeyedCluster:
         self.completed.append(cid)
         return cid
 
-    def restore(self, checkpoint_id: int | None = None, parallelism: int | None = None) -> None:
-        """Replace every partition by fresh ones restored from a checkpoint (latest by default)."""
+    def restore(self, checkpoint_id: int | None = None, parallelism: int | None = None,
+                key_serializer: TypeSerializer | None = None) -> None:
+        """Replace every partition by fresh ones restored from a checkpoint (latest by default),
+        with another key serializer when given (a restore that fails leaves no partitions)."""
         cid = checkpoint_id if checkpoint_id is not None else self.completed[-1]
-        self._build(parallelism or self.parallelism, cid)
+        if key_serializer is not None:
+            self.key_serializer = as_key_serializer(key_serializer)
+        self._build(parallelism or self._built, cid)
 
     def close(self) -> None:
         for backend in self.partitions:

@@ -31,11 +31,10 @@ from statekit.backends.heap.table import HeapTable, Restored
 from statekit.backends.kvformat import (
     KV_FORMAT,
     KV_FORMATS,
-    check_chunk_keys,
     check_kv_handle,
-    plain_in_range,
-    read_kv_entry,
-    read_plain_entry,
+    indexed_chunks,
+    log_chunks,
+    plain_chunks,
 )
 from statekit.backends.timers import (
     TIMERS_KIND,
@@ -48,12 +47,13 @@ from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CorruptCheckpointError, StateError, StatekitError
 from statekit.serde.keygroups import KeyGroupRange
-from statekit.serde.keys import PLAIN_KEY_TYPES, check_key, check_keys
-from statekit.serde.msgpack import unpackb
+from statekit.serde.keytypes import RestoreCheck
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import State, check_value
 from statekit.state.descriptors import StateDescriptor
 
+#: ints within this magnitude are one digit in CPython: they compare fastest (_set_int_key)
+_COMPACT = (1 << 30) - 1
 # incremental attempts neither confirmed nor aborted that are tracked; older ones are folded back
 # into the dirty sets (and can no longer become a base) so a caller that never notifies leaks nothing
 _MAX_UNCONFIRMED = 16
@@ -77,6 +77,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  pace_ratio: float = 1.0, snapshot_mode: str = "thread") -> None:
         super().__init__(key_serializer, key_group_range, max_parallelism, clock,
                          using_asynchronous_snapshots)
+        # set_current_key's fast path: key types that pass without a call; INT and LONG keys
+        # (bounded, so checked per key) get a method of their own, chosen once
+        self._fast_keys = self.key_check.fast
+        bounds = self.key_check.bounds
+        if bounds is not None and bounds[0] <= -_COMPACT and bounds[1] >= _COMPACT:
+            self.set_current_key = self._set_int_key  # type: ignore[method-assign]
         self.tables: dict[str, HeapTable] = {}
         # restored, still serialized chunks of states not registered yet
         self._restored: dict[str, Restored] = {}
@@ -92,10 +98,21 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._timer_queues: dict[str, TimerQueue] = {}
 
     def set_current_key(self, key: Any) -> None:
-        """Set the current key; other keys than str/int/bytes are checked once here (NaN and
-        unhashable keys are a StateTypeError, as on RocksDB)."""
-        if type(key) not in PLAIN_KEY_TYPES and key is not NO_KEY:
-            check_key(key)
+        """Set the current key; keys of exactly the declared key type (str/int/bytes for generic
+        keys) pass without a call, others are checked here: a key of another type, NaN or an
+        unhashable key is a StateTypeError, as on RocksDB."""
+        if type(key) not in self._fast_keys and key is not NO_KEY:
+            self.key_check.check(key)
+        self.current_key = key
+
+    def _set_int_key(self, key: Any) -> None:
+        """:meth:`set_current_key` of INT and LONG keys (bound in ``__init__``): an int of at
+        most 30 bits passes with two comparisons of one-digit ints, CPython's fastest (literal
+        bounds: loading them from attributes cost as much again); anything else is checked in
+        full."""
+        if not (type(key) is int and key >= -1073741823 and key <= 1073741823  # +-_COMPACT
+                ) and key is not NO_KEY:
+            self.key_check.check(key)
         self.current_key = key
 
     def _create_state(self, meta: StateMeta) -> State:
@@ -227,14 +244,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Load this range's entries of full (``KV_FORMATS``) and incremental handles; the values
         stay in plain form until their state is registered (its serializer is known then)."""
         mine = self.key_group_range
-        for handle, reader in sources:
+        key_checks = [self.restore_key_check(handle) for handle, _ in sources]  # before loading
+        for (handle, reader), key_check in zip(sources, key_checks, strict=True):
             incremental = handle.get("format") == HEAP_CHANGELOG_FORMAT
             if incremental:
                 handle = {**handle, "format": KV_FORMAT}  # the same range and parallelism checks
             theirs = check_kv_handle(handle, self.max_parallelism)
             if not len(theirs.intersection(mine)):
                 continue
-            load = _Load(self, reader, theirs, key_filter, skip_states)
+            load = _Load(self, reader, theirs, key_filter, skip_states, key_check)
             if not incremental:
                 for name, entry in handle["states"].items():
                     load.entry(name, entry)
@@ -261,7 +279,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
         """Values of a (TTL-less) value state for many keys: one dict lookup each, no key switch."""
         self.get_partitioned_state(descriptor)
-        check_keys(keys)
+        self.key_check.check_all(keys)
         table = self.tables[descriptor.name]
         get = table.data.get
         if not table.watch:
@@ -276,7 +294,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  values: Sequence[Any]) -> None:
         """Set a (TTL-less) value state for many keys; None clears a key."""
         self.get_partitioned_state(descriptor)
-        check_keys(keys)
+        self.key_check.check_all(keys)
         table = self.tables[descriptor.name]
         serializer = table.meta.stored_serializer
         for value in values:
@@ -312,11 +330,15 @@ class _Load:
 
     def __init__(self, backend: HeapKeyedStateBackend, reader: StateReader,
                  recorded: KeyGroupRange, key_filter: Callable[[Any], bool] | None,
-                 skip_states: frozenset[str]) -> None:
+                 skip_states: frozenset[str], key_check: RestoreCheck | None) -> None:
         self.backend, self.reader, self.recorded = backend, reader, recorded
-        self.key_filter, self.skip_states = key_filter, skip_states
+        self.key_filter, self.skip_states, self.key_check = key_filter, skip_states, key_check
 
     def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The entries the key filter keeps, after checking the keys' type when the snapshot's
+        key type asks for it (generic keys restored under a declared key type)."""
+        if self.key_check is not None:
+            self.key_check(keys)
         keep = self.key_filter
         if keep is None:
             return keys, values
@@ -332,21 +354,16 @@ class _Load:
         key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
         if entry.get("encoding") == "plain":
             key_from = None if key_ser.identity else key_ser.from_plain
-            for keys, values in read_plain_entry(name, entry, self.reader):
-                keys, values = plain_in_range(name, keys, values, self.recorded, rng, maxp)
+            for keys, values in plain_chunks(name, entry, self.reader, self.recorded, rng, maxp):
                 with _malformed_keys(name):
                     if key_from is not None:
                         keys = list(map(key_from, keys))
                     data.update(zip(*self._keep(keys, values), strict=True))
             return
-        for kg, parts in read_kv_entry(name, entry, self.reader, rng):
-            if len(parts) != 2:
-                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed chunk")
-            check_chunk_keys(name, kg, parts[0], maxp)
+        for _, keys, _, values in indexed_chunks(name, entry, self.reader, rng, maxp):
             with _malformed_keys(name):
-                keys, values = self._keep(list(map(key_ser.deserialize, parts[0])),
-                                          list(map(unpackb, parts[1])))
-                data.update(zip(keys, values, strict=True))
+                data.update(zip(*self._keep(list(map(key_ser.deserialize, keys)), values),
+                                strict=True))
 
     def log(self, name: str, entry: dict[str, Any]) -> None:
         """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
@@ -355,14 +372,10 @@ class _Load:
         backend = self.backend
         data = backend._restored_data(name, entry)
         key_de, maxp = backend.key_serializer.deserialize, backend.max_parallelism
-        for kg, parts in read_kv_entry(name, entry, self.reader, backend.key_group_range):
-            if len(parts) != 3:
-                raise CorruptCheckpointError(f"state '{name}' key group {kg}: malformed log")
-            puts_k, puts_v, removes = parts
-            check_chunk_keys(name, kg, puts_k, maxp)
-            check_chunk_keys(name, kg, removes, maxp)
+        for _, puts_k, puts_v, removes in log_chunks(name, entry, self.reader,
+                                                     backend.key_group_range, maxp):
             with _malformed_keys(name):
-                keys, values = self._keep(list(map(key_de, puts_k)), list(map(unpackb, puts_v)))
+                keys, values = self._keep(list(map(key_de, puts_k)), puts_v)
                 data.update(zip(keys, values, strict=True))
                 for kb in removes:
                     data.pop(key_de(kb), None)

@@ -59,6 +59,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  incremental: bool = False, transfer_threads: int = 1,
                  ttl_compaction_filter: bool = True, timer_factory: str = "ROCKSDB") -> None:
         self._prefix: bytes | None = None
+        # prefixes of str/int/bytes keys, cached once the key passed the declared key type's
+        # check (so a cache hit needs none)
         self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
         self._key_ser = as_key_serializer(key_serializer).serialize  # canonical key bytes
         self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
@@ -100,14 +102,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.set_current_key(key)
 
     def set_current_key(self, key: Any) -> None:
-        """Set the current key and compute its key-group prefix once for all state accesses."""
-        self._current_key = key
+        """Set the current key and compute its key-group prefix once for all state accesses
+        (StateTypeError, with the current key unchanged, unless it is a key of the declared
+        key type)."""
         # prefixes of str/int/bytes keys (canonical as they are) are cached, one dict per exact
-        # type; other keys (1.0 and True are the key 1) take the canonical serialization
+        # type, once checked; other keys (1.0 and True are the key 1) take the canonical
+        # serialization
         cache = self._prefix_caches.get(type(key))
         if cache is not None:
             prefix = cache.get(key)
             if prefix is None:
+                if not self.key_check.passes(key):
+                    self.key_check.check_type(key)
                 kb = self._key_ser(key)
                 prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
                 if len(cache) >= _PREFIX_CACHE_SIZE:
@@ -117,8 +123,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         elif key is NO_KEY:
             self._prefix = None
         else:
+            if not self.key_check.passes(key):
+                self.key_check.check_type(key)  # serializing checks that it is a key at all
             kb = self._key_ser(key)
             self._prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+        self._current_key = key
 
     def key_prefix(self, key: Any) -> bytes:
         """Key group and serialized key of ``key``: the prefix of its entries in every state."""

@@ -45,6 +45,11 @@ def open_db(path: str | os.PathLike[str], options_factory: Callable[[], Options]
     """Open (or create) the database at ``path`` with the options on every column family.
 
     A database another process (or this one) holds open raises :class:`BackendLockedError`.
+    A ``read_only`` open (inspection, copying a checkpoint's key groups, writing a savepoint of
+    one) opens its table files on the calling thread: by default RocksDB starts up to 16 short-
+    lived threads per column family for that, each mapping an 8 MiB stack and possibly its own
+    64 MiB malloc arena, and under an address-space limit (1 GiB: about 5-20 % of opens of a
+    small checkpoint) one failed thread start aborted the whole process (SIGABRT).
     """
     path = str(path)
     cfs: dict[str, Options] = {}
@@ -55,8 +60,11 @@ def open_db(path: str | os.PathLike[str], options_factory: Callable[[], Options]
             raise CorruptCheckpointError(f"cannot list column families of {path}: {exc}") from exc
         cfs = {name: options_factory() for name in names if name != _DEFAULT_CF}
     access = AccessType.read_only(False) if read_only else AccessType.read_write()
+    options = options_factory()
+    if read_only:
+        options.set_max_file_opening_threads(1)
     try:
-        return Rdict(path, options_factory(), column_families=cfs or None, access_type=access)
+        return Rdict(path, options, column_families=cfs or None, access_type=access)
     except Exception as exc:
         text = str(exc)
         if "lock" in text.lower():

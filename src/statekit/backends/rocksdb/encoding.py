@@ -67,7 +67,10 @@ def _items(cf: Rdict, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, 
 def grouped(cf: Rdict, kind: str, start: bytes = b"", end: bytes | None = None
             ) -> Iterator[tuple[int, bytes, bytes]]:
     """(key group, serialized key, backend-neutral serialized value) per key, in key order;
-    only keys in ``[start, end)`` when given (a key-group range: see :func:`kg_after`)."""
+    only keys in ``[start, end)`` when given (a key-group range: see :func:`kg_after`).  Timer
+    queues are laid out as list states (``key + 8-byte timestamp``)."""
+    if kind == "timers":
+        kind = "list"
     if kind == "value":
         for key, value in _items(cf, start, end):
             yield int.from_bytes(key[:2], "big"), key[2:], value

@@ -18,14 +18,15 @@ from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.kvformat import KV_FORMATS, read_kv_states
 from statekit.backends.rocksdb.db import open_db
-from statekit.backends.rocksdb.encoding import KG_END, NIL, kg_after, split_array
+from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT
 from statekit.backends.rocksdb.timers import column_families, index_name, ts8
 from statekit.backends.timers import TIMERS_KIND, timer_stamps
 from statekit.checkpoint.reader import StateReader
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
-from statekit.serde.msgpack import packb
+from statekit.serde.keytypes import RestoreCheck
+from statekit.serde.msgpack import packb, unpack_each
 
 if TYPE_CHECKING:
     from statekit.backends.base import RestoreSource
@@ -98,6 +99,24 @@ def _check_recorded_range(cf: Rdict, name: str, recorded: KeyGroupRange) -> None
         del it
 
 
+def check_native_db(db: Rdict, handle: dict[str, Any]) -> None:
+    """The checks every reader of a native RocksDB checkpoint makes once it is opened: each
+    state the handle records has its column family, holding keys only of the key groups the
+    handle records (a handle relabelled with another range, or a state renamed, would otherwise
+    read as empty)."""
+    recorded = KeyGroupRange.of(handle["key_group_range"])
+    for name in column_families(handle["states"]):
+        try:
+            cf = db.get_column_family(name)
+        except Exception:  # rocksdict raises a bare Exception for a missing column family
+            raise CorruptCheckpointError(
+                f"state '{name}' has no column family in its RocksDB checkpoint") from None
+        try:
+            _check_recorded_range(cf, name, recorded)
+        finally:
+            del cf
+
+
 class RocksDBRestoreOperation:
     """Restores one RocksDB keyed backend from task handles of any partitioning."""
 
@@ -110,12 +129,15 @@ class RocksDBRestoreOperation:
         backend = self.backend
         mine = backend.key_group_range
         native: list[tuple[int, dict[str, Any], StateReader]] = []
-        neutral: list[RestoreSource] = []
+        neutral: list[tuple[dict[str, Any], StateReader, RestoreCheck | None]] = []
+        checked: set[str] = set()  # states of native handles whose keys need a type check
+        native_check: RestoreCheck | None = None
         for handle, reader in sources:
             fmt = handle.get("format")
             kgr = KeyGroupRange.of(handle["key_group_range"])
             if len(kgr.intersection(mine)) == 0:
                 continue
+            key_check = backend.restore_key_check(handle)  # before anything is loaded
             if fmt == ROCKSDB_FORMAT:
                 if int(handle.get("max_parallelism", backend.max_parallelism)) != backend.max_parallelism:
                     raise CorruptCheckpointError(
@@ -127,8 +149,11 @@ class RocksDBRestoreOperation:
                         "a native RocksDB checkpoint restores only whole key groups: convert it "
                         "first (statekit.backends.transfer.restore_into)")
                 native.append((len(kgr.intersection(mine)), handle, reader))
+                if key_check is not None:
+                    checked.update(handle["states"])
+                    native_check = key_check
             elif fmt in KV_FORMATS:
-                neutral.append((handle, reader))
+                neutral.append((handle, reader, key_check))
             else:
                 raise CorruptCheckpointError(f"cannot restore snapshot format {fmt!r} into RocksDB")
         self._reset_db()
@@ -136,11 +161,10 @@ class RocksDBRestoreOperation:
         if native:
             _, base, base_reader = native[0]
             self._download(base, base_reader, backend.db_path)
-            backend._ensure_open()
+            check_native_db(backend._ensure_open(), base)
             lo, hi = backend._kgp[mine.start], kg_after(mine.end, backend._kgp)
             for name in column_families(base["states"]):
                 cf = backend._cf(name)
-                _check_recorded_range(cf, name, KeyGroupRange.of(base["key_group_range"]))
                 if mine.start > 0:
                     cf.delete_range(b"", lo)
                 cf.delete_range(hi, KG_END)
@@ -149,11 +173,27 @@ class RocksDBRestoreOperation:
                 self._copy_from(handle, reader)
             for _, handle, reader in native:
                 backend._heap.load_plain(handle, reader)
+            if native_check is not None:
+                self._check_keys(checked, native_check)
         if neutral:
             self._ingest_kv(neutral, key_filter, skip_states)
         if not native and not neutral:
             backend._ensure_open()
         backend._heap.settle(use_heap=backend.heap_timers)
+
+    def _check_keys(self, names: set[str], key_check: RestoreCheck) -> None:
+        """Check the type of every key of the named states (generic keys restored from native
+        checkpoints under a declared key type): a scan, paid only in that case."""
+        backend = self.backend
+        for name in sorted(names):
+            cf = backend._cf(name)
+            keys: list[bytes] = []
+            for _, kb, _ in grouped(cf, backend._state_info[name]["kind"]):
+                keys.append(kb)
+                if len(keys) >= _BATCH:
+                    key_check(unpack_each(keys))
+                    keys = []
+            key_check(unpack_each(keys))
 
     def _reset_db(self) -> None:
         backend = self.backend
@@ -184,11 +224,10 @@ class RocksDBRestoreOperation:
             self._download(handle, reader, tmp / "db")
             src = open_db(tmp / "db", backend._options, read_only=True)
             try:
+                check_native_db(src, handle)
                 lo, hi = backend._kgp[theirs.start], kg_after(theirs.end, backend._kgp)
-                recorded = KeyGroupRange.of(handle["key_group_range"])
                 for name in column_families(handle["states"]):
                     source = src.get_column_family(name)
-                    _check_recorded_range(source, name, recorded)
                     backend._cf(name)
                     target = backend._db.get_column_family_handle(name)
                     writer = _BatchWriter(backend._db)
@@ -205,18 +244,21 @@ class RocksDBRestoreOperation:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _ingest_kv(self, sources: list[RestoreSource], key_filter: Callable[[Any], bool] | None,
-                   skip_states: frozenset[str]) -> None:
-        """Load backend-neutral chunks (heap checkpoints, savepoints) as RocksDB entries."""
+    def _ingest_kv(self, sources: list[tuple[dict[str, Any], StateReader, RestoreCheck | None]],
+                   key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str]) -> None:
+        """Load backend-neutral chunks (heap checkpoints, savepoints) as RocksDB entries, the keys'
+        type checked where the snapshot's key type asks for it."""
         backend = self.backend
         writer = _BatchWriter(backend._ensure_open())
         kgp = backend._kgp
-        entries = (item for handle, reader in sources
+        entries = ((item, key_check) for handle, reader, key_check in sources
                    for item in read_kv_states([handle], reader, backend.key_group_range,
                                               backend.max_parallelism, key_filter))
-        for name, entry, kg, keys, values in entries:
+        for (name, entry, kg, keys, values), key_check in entries:
             if name in skip_states:
                 continue
+            if key_check is not None:
+                key_check(unpack_each(keys))
             kind = entry["kind"]
             if kind == TIMERS_KIND and backend.heap_timers:  # kept on the heap, not in RocksDB
                 for kb, vb in zip(keys, values, strict=True):

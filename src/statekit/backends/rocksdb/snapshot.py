@@ -19,8 +19,8 @@ from rocksdict import Checkpoint, Options, WriteBatch
 
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import (
-    STATE_KINDS,
     KvStateData,
+    check_kind,
     check_state_count,
     handle_header,
     kv_handle,
@@ -29,7 +29,6 @@ from statekit.backends.kvformat import (
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
 from statekit.backends.rocksdb.heap_timers import check_heap_timers
-from statekit.backends.timers import TIMERS_KIND
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError
@@ -46,9 +45,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
     """The schema pass over a native RocksDB handle: states, and file handles with plain names."""
     for name, info in schema.mapping(task.get("states"), f"{path}.states").items():
         where = f"{path}.states.{schema.state_name(name, f'{path}.states')}"
-        schema.sequence(schema.mapping(info, where).get("layout"), f"{where}.layout")
-        if info.get("kind") not in STATE_KINDS:
-            raise schema.fail(f"{where}.kind", f"expected one of {', '.join(STATE_KINDS)}")
+        check_kind(schema.mapping(info, where), where)
     for group in ("sst", "misc"):
         for name, handle in schema.mapping(task.get(group, {}), f"{path}.{group}").items():
             schema.text(name, f"{path}.{group}")
@@ -253,8 +250,7 @@ class RocksDBSnapshotStrategy:
                 cf = db.get_column_family(name)
                 meta = metas.get(name)
                 limit = meta.ttl.snapshot_limit() if meta is not None and meta.ttl else None
-                kind = "list" if entry["kind"] == TIMERS_KIND else entry["kind"]
-                for kg, kb, value in grouped(cf, kind):
+                for kg, kb, value in grouped(cf, entry["kind"]):
                     if limit is not None:
                         value = drop_expired(entry["kind"], value, limit)
                         if value is None:

@@ -7,8 +7,10 @@ validated so nothing reads or writes outside the root.
 
 from __future__ import annotations
 
+import copy
 import os
 import posixpath
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -36,6 +38,17 @@ def run_operation_hook(operation: str, path: str) -> None:
     hook = _operation_hook
     if hook is not None:
         hook(operation, path)
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*(://|::)")
+
+
+def is_url(location: str) -> bool:
+    """Whether ``location`` is a URL (``s3://...``, a chain like ``simplecache::s3://...``)
+    rather than a local path: only a scheme at its start makes it one, so a directory named
+    ``a::b`` or holding ``http://`` further down stays a path."""
+    match = _SCHEME.match(location)
+    return match is not None and (match.group(1) == "://" or "://" in location)
 
 
 def check_key(key: str) -> str:
@@ -128,6 +141,9 @@ class BlobStore(ABC):
         for key in self.list(prefix):
             self.delete(key)
 
+    def prune(self, prefix: str) -> None:
+        """Remove directories under ``prefix`` that are empty (stores with real directories)."""
+
     def list_temporary(self) -> list[str]:
         """Leftover temp files of interrupted atomic writes (local disk only)."""
         return []
@@ -195,6 +211,16 @@ class PathBlobStore(BlobStore):
 
     def describe(self) -> str:
         return self.root_url
+
+    def child(self, rel: str) -> PathBlobStore:
+        """The store rooted at the directory ``rel`` below this one, with the same options,
+        joined as a path (never parsed as a URL again: a directory named ``a::b`` stays one)."""
+        if not rel or "\x00" in rel or any(p in ("", ".", "..") for p in rel.split("/")):
+            raise UnsafePathError(f"{rel!r} is not a directory below {self.root_url}")
+        store = copy.copy(self)
+        store.root_url = f"{self.root_url.rstrip('/')}/{rel}"
+        store.root = f"{self.root.rstrip('/')}/{rel}"
+        return store
 
     def _call(self, what: str, operation: Callable[[], T]) -> T:
         return call_typed(self.retry, what, operation)

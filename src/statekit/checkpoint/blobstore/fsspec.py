@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 from fsspec.utils import get_protocol
 
-from statekit.checkpoint.blobstore.base import PathBlobStore, run_operation_hook
+from statekit.checkpoint.blobstore.base import PathBlobStore, is_url, run_operation_hook
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.config import default
@@ -33,7 +33,10 @@ def _resolve(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
 
 
 def _is_local(url: str) -> bool:
-    """Whether ``url`` names the local file system (decided by its protocol, no instance made)."""
+    """Whether ``url`` names the local file system (decided by its protocol, no instance made;
+    a plain path is local, whatever it holds: ``a::b`` is a directory name, not a chain)."""
+    if not is_url(url):
+        return True
     proto = fsspec.get_filesystem_class(get_protocol(url)).protocol
     return "file" in ((proto,) if isinstance(proto, str) else tuple(proto))
 

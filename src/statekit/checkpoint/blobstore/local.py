@@ -13,17 +13,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import fsspec
+from fsspec.implementations.local import make_path_posix
 
+from statekit.checkpoint.blobstore import beneath
 from statekit.checkpoint.blobstore.base import (
     PathBlobStore,
+    check_key,
+    is_url,
     run_operation_hook,
     write_all,
 )
-from statekit.checkpoint.blobstore.beneath import check_no_links, open_regular
+from statekit.checkpoint.blobstore.beneath import open_regular
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.errors import CheckpointError, CheckpointNotFoundError, CheckpointStorageError
 
@@ -32,15 +37,15 @@ class LocalBlobStore(PathBlobStore):
     """Blobs as files under the local directory ``root`` (a path or ``file://`` URL).
 
     Transient OS errors are retried per ``retry``; permanent ones become typed checkpoint errors.
-    Blobs are read only as regular files reached without following a link below ``root``, and
-    nothing is written or deleted through one (:mod:`~statekit.checkpoint.blobstore.beneath`).
+    Blobs are regular files reached without following a link below ``root``: each is read,
+    written and deleted relative to its opened parent directory, never through a link, and a
+    listing holds no links (:mod:`~statekit.checkpoint.blobstore.beneath`).
     """
 
     def __init__(self, root: str, *, retry: RetryPolicy | None = None) -> None:
         self.root_url = root.rstrip("/") or "/"
         self.retry = retry if retry is not None else RetryPolicy()
-        _, path = fsspec.core.url_to_fs(self.root_url)  # the local file system's path rules
-        self.root = path.rstrip("/") if path != "/" else path
+        self.root = local_path(self.root_url)
 
     @property
     def supports_links(self) -> bool:
@@ -59,20 +64,21 @@ class LocalBlobStore(PathBlobStore):
         """Blobs are files on this machine (kept for code that checked ``FsspecBlobStore.local``)."""
         return True
 
-    def _writable(self, key: str) -> str:
-        """The path of ``key``, refused when a component below the root is a link."""
-        path = self._path(key)
-        check_no_links(self.root, key)
-        return path
-
     def put(self, key: str, data: bytes) -> None:
-        path = self._writable(key)
-        self._call(f"write {path}", lambda: _atomic_local_write(path, data))
+        path = self._path(key)
+        self._call(f"write {path}", lambda: _atomic_local_commit(
+            self.root, key, lambda fd: write_all(fd, data)))
 
     def put_file(self, key: str, local_path: str | os.PathLike[str]) -> None:
         """A kernel copy into a temp file, fsync, rename, fsync the directory (as ``put``)."""
-        path, source = self._writable(key), os.fspath(local_path)
-        self._call(f"write {path}", lambda: _atomic_local_copy(path, source))
+        path, source = self._path(key), os.fspath(local_path)
+
+        def transfer() -> None:
+            with open(source, "rb", buffering=0) as src:  # first: a missing source leaves no temp
+                _atomic_local_commit(self.root, key, lambda fd: _kernel_copy(
+                    src.fileno(), fd, start_writeback=True))
+
+        self._call(f"write {path}", transfer)
 
     def get_file(self, key: str, local_path: str | os.PathLike[str], *, allow_link: bool = False) -> None:
         """A hard link when allowed and possible, else a kernel copy (retried per the policy)."""
@@ -118,7 +124,7 @@ class LocalBlobStore(PathBlobStore):
     def put_parts(self, key: str, parts: Iterable[bytes]) -> None:
         """Each part written into the temp file as it arrives, then fsync and rename (not
         retried: the parts are consumed once)."""
-        path = self._writable(key)
+        path = self._path(key)
 
         def fill(fd: int) -> None:
             advise = getattr(os, "posix_fadvise", None)
@@ -135,7 +141,7 @@ class LocalBlobStore(PathBlobStore):
                     started = offset
 
         try:
-            _atomic_local_commit(path, fill)
+            _atomic_local_commit(self.root, key, fill)
         except CheckpointError:
             raise
         except OSError as exc:
@@ -180,92 +186,84 @@ class LocalBlobStore(PathBlobStore):
         return self._call(f"check {path}", lambda: os.path.lexists(path))
 
     def delete(self, key: str) -> None:
-        path = self._writable(key)
-
-        def remove() -> None:
-            run_operation_hook("delete", path)
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-
-        self._call(f"delete {path}", remove)
+        """Unlink the regular file ``key`` relative to its opened parent directory: a link (or a
+        directory swapped for one) is never followed, and a link itself is left alone
+        (UnsafePathError)."""
+        path = self._path(key)
+        self._call(f"delete {path}", lambda: beneath.unlink(
+            self.root, key, lambda: run_operation_hook("delete", path)))
 
     def delete_prefix(self, prefix: str) -> None:
         """The blobs under ``prefix``, and the directories that emptied."""
         super().delete_prefix(prefix)
-        path = self._path(prefix.rstrip("/")) if prefix else self.root
-        if os.path.isdir(path):
-            for dirpath, _dirs, _files in sorted(os.walk(path), reverse=True):
-                try:
-                    os.rmdir(dirpath)
-                except OSError:
-                    pass
+        self.prune(prefix)
+
+    def prune(self, prefix: str) -> None:
+        """Remove the directories under ``prefix`` (and its own) that are empty."""
+        names = [n for n in check_key(prefix.rstrip("/")).split("/") if n] if prefix.strip("/") else []
+        beneath.prune(self.root, names)
 
     def list_temporary(self) -> list[str]:
-        if not os.path.isdir(self.root):
-            return []
-        found = []
-        for dirpath, _dirs, files in os.walk(self.root):
-            rel = os.path.relpath(dirpath, self.root)
-            found += [f if rel == "." else f"{rel}/{f}" for f in files if f.startswith(".tmp-")]
-        return sorted(found)
+        return sorted(k for k in beneath.regular_files(self.root) if _TEMP.fullmatch(k.rsplit("/", 1)[-1]))
 
     def list(self, prefix: str = "") -> list[str]:
         base = self.root
 
         def find() -> list[str]:
             run_operation_hook("list", base)
-            found = []
-            for dirpath, _dirs, files in os.walk(base):
-                rel = os.path.relpath(dirpath, base)
-                found += [f if rel == "." else f"{rel}/{f}" for f in files]
-            return found
+            return list(beneath.regular_files(base))
 
         found = self._call(f"list {base}", find)
         return sorted(k for k in found
                       if k.startswith(prefix) and not os.path.basename(k).startswith(".tmp-"))
 
 
+def local_path(url: str) -> str:
+    """The absolute local path a plain path or ``file://`` URL names.  Only a URL with another
+    scheme goes through fsspec's URL parser: it reads ``::`` as a chain of file systems, and a
+    directory named ``a::b`` became ``a`` (a store rooted in the wrong directory)."""
+    if url.startswith("file://"):
+        path = url[len("file://"):]
+    elif is_url(url):
+        _, path = fsspec.core.url_to_fs(url)
+    else:
+        path = url
+    path = make_path_posix(path)  # absolute, ``~`` expanded: the local file system's rules
+    return path.rstrip("/") if path.rstrip("/") else "/"
+
+
 # --- local-disk system calls -----------------------------------------------------------------------
 
-
-def _atomic_local_write(path: str, data: bytes) -> None:
-    _atomic_local_commit(path, lambda fd: write_all(fd, data))
-
-
-def _atomic_local_copy(path: str, source: str) -> None:
-    """``path`` atomically replaced by a copy of the local file ``source`` (copied in the kernel)."""
-    with open(source, "rb", buffering=0) as src:  # opened first: a missing source leaves no temp file
-        _atomic_local_commit(path, lambda fd: _kernel_copy(src.fileno(), fd, start_writeback=True))
+#: temp files of interrupted writes (``.tmp-`` and a uuid's 32 hex digits)
+_TEMP = re.compile(r"\.tmp-[0-9a-f]+")
 
 
-def _atomic_local_commit(path: str, fill: Callable[[int], None]) -> None:
-    """Write a temp file in ``path``'s directory with ``fill(fd)``, fsync it, rename it over
-    ``path`` and fsync the directory: readers see the old or the whole new file."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-    run_operation_hook("create-temp", tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def _atomic_local_commit(root: str, key: str, fill: Callable[[int], None]) -> None:
+    """Write a temp file in ``key``'s directory with ``fill(fd)``, fsync it, rename it over
+    ``key`` and fsync the directory: readers see the old or the whole new file.  Every step acts
+    relative to the directory opened (and created) without following links below ``root``."""
+    parent, name = beneath.parent_of(root, key, create=True)
+    directory = os.path.dirname(f"{root}/{key}")
     try:
-        run_operation_hook("write", tmp)
-        fill(fd)
-        run_operation_hook("fsync", tmp)
-        os.fsync(fd)
-    except BaseException:
+        tmp = f".tmp-{uuid.uuid4().hex}"
+        run_operation_hook("create-temp", f"{directory}/{tmp}")
+        fd = os.open(tmp, beneath.CREATE, 0o644, dir_fd=parent)
+        try:
+            run_operation_hook("write", f"{directory}/{tmp}")
+            fill(fd)
+            run_operation_hook("fsync", f"{directory}/{tmp}")
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=parent)
+            raise
         os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    run_operation_hook("rename", path)
-    os.replace(tmp, path)
-    run_operation_hook("fsync-dir", directory)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        run_operation_hook("rename", f"{directory}/{name}")
+        os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        run_operation_hook("fsync-dir", directory)
+        os.fsync(parent)
     finally:
-        os.close(dir_fd)
+        os.close(parent)
 
 
 _COPY_CHUNK = 16 * 1024 * 1024

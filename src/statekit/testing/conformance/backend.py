@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from statekit.backends.base import StateBackend
+from statekit.backends.bulk import BulkState
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.errors import (
     InvalidStateNameError,
@@ -257,6 +258,71 @@ class BackendConformance:
         cluster.restore()
         assert [cluster.state("k", ValueStateDescriptor(name, Types.STRING())).value()
                 for name in names] == [str(n) * 200 for n in range(len(names))]
+
+    # --- key types -------------------------------------------------------------------------------
+
+    def test_restore_with_wrong_key_serializer(self, state_backend: StateBackend,
+                                               checkpoint_storage: CheckpointStorage) -> None:
+        """Flink's testRestoreWithWrongKeySerializer: INT keys do not restore as DOUBLE or STRING
+        keys (1 would read back as 1.0, "1" would find nothing)."""
+        ints = Types.INT().get_serializer()
+        cluster = KeyedCluster(state_backend, checkpoint_storage, 2, key_serializer=ints)
+        ident = ValueStateDescriptor("id", Types.STRING())
+        try:
+            cluster.state(1, ident).update("1")
+            cluster.state(2, ident).update("2")
+            cluster.checkpoint()
+            for wrong, name in ((Types.DOUBLE(), "DOUBLE"), (Types.STRING(), "STRING")):
+                with pytest.raises(StateTypeError, match=rf"keys are INT.* key type is {name}"):
+                    cluster.restore(key_serializer=wrong.get_serializer())
+            cluster.restore(key_serializer=ints)
+            assert [cluster.state(k, ident).value() for k in (1, 2)] == ["1", "2"]
+        finally:
+            cluster.close()
+
+    def test_key_serializer_upgrade(self, state_backend: StateBackend,
+                                    checkpoint_storage: CheckpointStorage) -> None:
+        """Flink's testKeySerializerUpgrade with a compatible new key type: a wider one holds
+        every key unchanged; the state reads back, and snapshots again under the new type."""
+        cluster = KeyedCluster(state_backend, checkpoint_storage, 2,
+                               key_serializer=Types.INT().get_serializer())
+        try:
+            cluster.state(123, VALUE).update(1)
+            cluster.state(456, VALUE).update(5)
+            cluster.checkpoint()
+            cluster.restore(key_serializer=Types.LONG().get_serializer())
+            assert [cluster.state(k, VALUE).value() for k in (123, 456)] == [1, 5]
+            cluster.state(1 << 40, VALUE).update(7)  # a LONG key no INT holds
+            cluster.checkpoint()
+            with pytest.raises(StateTypeError, match=r"keys are LONG.* key type is INT"):
+                cluster.restore(key_serializer=Types.INT().get_serializer())
+            cluster.restore(key_serializer=Types.LONG().get_serializer(), parallelism=3)
+            assert [cluster.state(k, VALUE).value() for k in (123, 456, 1 << 40)] == [1, 5, 7]
+        finally:
+            cluster.close()
+
+    def test_declared_key_type_is_enforced_at_access(self, state_backend: StateBackend,
+                                                     checkpoint_storage: CheckpointStorage
+                                                     ) -> None:
+        cluster = KeyedCluster(state_backend, checkpoint_storage, 1,
+                               key_serializer=Types.STRING().get_serializer())
+        try:
+            backend = cluster.partitions[0]
+            state = backend.get_partitioned_state(VALUE)
+            backend.set_current_key("1")
+            state.update(1)
+            for bad in (1, 1.0, True, b"1", ("1",), None):
+                with pytest.raises(StateTypeError, match="declared key type STRING"):
+                    backend.set_current_key(bad)
+                assert backend.get_current_key() == "1" and state.value() == 1  # unchanged
+            bulk = BulkState(backend)
+            with pytest.raises(StateTypeError, match="declared key type STRING"):
+                bulk.put(VALUE, ["2", 2], [2, 2])
+            with pytest.raises(StateTypeError, match="declared key type STRING"):
+                bulk.get(VALUE, ["1", 1])
+            assert bulk.get(VALUE, ["1", "2"]) == [1, None]  # the failed put wrote nothing
+        finally:
+            cluster.close()
 
     # --- snapshots -------------------------------------------------------------------------------
 
