@@ -69,7 +69,8 @@ class StateKind:
     ``shape(values, item, user_key)`` says why a part's stored plain values are not of this kind
     (``item`` / ``user_key`` check the values / user keys inside them against the recorded
     types); ``rows`` is how a reader flattens a stored value: ``"value"`` (one row per key),
-    ``"elements"`` (one per element, with its ``index``) or ``"entries"`` (one per user key).
+    ``"elements"`` (one per element, with its ``index``), ``"entries"`` (one per user key) or
+    ``"timers"`` (one per timer: its ``timestamp`` and ``domain``).
     """
 
     name: str
@@ -81,7 +82,7 @@ KINDS: dict[str, StateKind] = {kind.name: kind for kind in (
     StateKind("value", _value, "value"),
     StateKind("list", _elements, "elements"),
     StateKind("map", _entries, "entries"),
-    StateKind("timers", _timers, "elements"),
+    StateKind("timers", _timers, "timers"),
 )}
 
 

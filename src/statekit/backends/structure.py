@@ -184,7 +184,11 @@ _REMOVED = object()
 
 
 def _native_states(handle: dict[str, Any]) -> dict[str, tuple[dict[str, Any], str]]:
-    return {name: (entry, "rocksdb") for name, entry in handle.get("states", {}).items()}
+    """The column families' states, and timers kept on the heap (plain ``timers`` entries)."""
+    states = {name: (entry, "rocksdb") for name, entry in handle.get("states", {}).items()}
+    states.update({name: (entry, _encoding(entry))
+                   for name, entry in handle.get("heap_timers", {}).items()})
+    return states
 
 
 @dataclass
@@ -316,6 +320,10 @@ def native_db(handle: dict[str, Any], reader: StateReader, progress: Progress = 
 
 def _native_chunks(handle: dict[str, Any], reader: StateReader, name: str, rng: KeyGroupRange,
                    progress: Progress) -> Iterator[PlainChunk]:
+    heap_timers = handle.get("heap_timers", {}).get(name)
+    if heap_timers is not None:  # timers kept on the heap, beside the database
+        yield from _entry_chunks(handle, reader, name, heap_timers, rng, progress)
+        return
     entry = handle.get("states", {}).get(name)
     if entry is None:
         return

@@ -247,7 +247,9 @@ _TYPES = click.Choice(["auto", "json", "string", "int64", "int32", "double", "bi
 
 @state.command()
 @click.argument("path")
-@click.option("--state", "name", required=True, help="The state to export.")
+@click.option("--state", "name", help="The state to export.")
+@click.option("--timers", is_flag=True,
+              help="Export the timers instead (key, timestamp, domain), both time domains.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl"]),
               default="parquet", show_default=True)
 @click.option("--to", "target", required=True, help="Output file (a path or fsspec URL).")
@@ -260,23 +262,27 @@ _TYPES = click.Choice(["auto", "json", "string", "int64", "int32", "double", "bi
 @click.option("--target-option", "target_opts", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the output URL; repeatable.")
 @common
-def export(path: str, as_json: bool, name: str, fmt: str, target: str, operator: str | None,
-           batch: int | None, key_type: str, value_type: str, compression: str,
-           target_opts: tuple[str, ...], storage_options: dict[str, Any]) -> None:
-    """Export one state to Parquet, CSV or JSON Lines (streamed)."""
+def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str, target: str,
+           operator: str | None, batch: int | None, key_type: str, value_type: str,
+           compression: str, target_opts: tuple[str, ...], storage_options: dict[str, Any]
+           ) -> None:
+    """Export one state (or the timers) to Parquet, CSV or JSON Lines (streamed)."""
     from statekit.inspection import export_state, open_checkpoint
 
+    if (name is None) == (not timers):
+        raise click.UsageError("give --state NAME or --timers (one of them)")
     view = open_checkpoint(path, batch=batch, storage_options=storage_options)
-    chosen = view.state(name, operator)
-    with output.progress(f"exporting {name}", chosen.bytes) as advance:
+    chosen = view.timers(operator) if timers else view.state(str(name), operator)
+    with output.progress(f"exporting {chosen.name}", chosen.bytes) as advance:
         result = export_state(view, name, target, fmt=fmt, operator=operator,
                               target_options=_storage_options(target_opts) or storage_options,
                               key_type=key_type, value_type=value_type,
-                              compression=compression, progress=advance)
+                              compression=compression, progress=advance, timers=timers)
     if as_json:
         output.emit_json(result.to_dict())
     else:
-        output.line(f"exported {result.rows} row(s) of state {name!r} to {target} ({fmt})")
+        what = "the timers" if timers else f"state {name!r}"
+        output.line(f"exported {result.rows} row(s) of {what} to {target} ({fmt})")
 
 
 # --- savepoint convert ---------------------------------------------------------------------------

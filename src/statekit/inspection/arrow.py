@@ -145,6 +145,8 @@ class Chunk:
     keys: list[Any]
     values: list[Any]
     nbytes: int = 0
+    #: the time domain of a timer queue's chunk (``EVENT_TIME`` / ``PROCESSING_TIME``)
+    domain: str | None = None
 
 
 class RowPlan:
@@ -183,6 +185,11 @@ class RowPlan:
                          else None)
         self.value = _choose(value_type, layout[1], lambda: parts(1 if rows == "entries" else None))
         fields = [pa.field("key", self.key[0])]
+        if rows == "timers":
+            fields += [pa.field("timestamp", pa.int64()), pa.field("domain", pa.string())]
+            self.value = (pa.int64(), None)
+            self.schema = pa.schema(fields)
+            return
         if rows == "elements":
             fields.append(pa.field("index", pa.int32()))
         elif rows == "entries" and self.user_key is not None:
@@ -210,6 +217,11 @@ class RowPlan:
         """The chunk's entries as column lists, before conversion."""
         keys, values, ttl, rows = chunk.keys, chunk.values, self.ttl, self.rows
         cols: dict[str, list[Any]] = {}
+        if rows == "timers":
+            cols["key"] = [key for key, stamps in zip(keys, values, strict=True) for _ in stamps]
+            cols["timestamp"] = [t for stamps in values for t in stamps]
+            cols["domain"] = [chunk.domain] * len(cols["key"])
+            return cols
         if rows == "value":
             cols["key"] = keys
             cols["value"] = [v[0] for v in values] if ttl else values

@@ -156,7 +156,7 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
     if recorded and recorded[0] is not None and all(r == recorded[0] for r in recorded):
         handle["key_type"] = recorded[0]  # the keys are copied unchanged: so is their type
     kept = {k: v for k, v in body.items() if k in ("job_id", "job_name", "source", "parallelism",
-                                                   "query_id", "operator_id", "batch")}
+                                                   "query_id", "operator_id", "batch", "time")}
     return savepoint.commit({
         **kept, "tasks": {"converted": handle}, "max_parallelism": maxp, "backend": name,
         "checkpoint_id": view.info.id or 0, "timestamp": int(time.time() * 1000),

@@ -155,21 +155,24 @@ def write_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, fh: IO[b
     return rows
 
 
-def export_state(source: str | CheckpointView, state: str, to: str, *, fmt: str = "parquet",
+def export_state(source: str | CheckpointView, state: str | None, to: str, *, fmt: str = "parquet",
                  operator: str | None = None, batch: int | None = None,
                  storage_options: dict[str, Any] | None = None,
                  target_options: dict[str, Any] | None = None, key_type: TypeChoice = "auto",
                  value_type: TypeChoice = "auto", compression: str | None = "snappy",
-                 progress: Progress = None) -> ExportResult:
+                 progress: Progress = None, timers: bool = False) -> ExportResult:
     """Write state ``state`` of a checkpoint (a path or an opened view) to ``to`` in ``fmt``
     (``parquet``, ``csv`` or ``jsonl``), streaming: memory holds about one record batch.  A
-    target inside the checkpoint's own directory is refused (ConfigError)."""
+    target inside the checkpoint's own directory is refused (ConfigError).  ``timers`` (and no
+    ``state``) exports the operator's timers instead: ``key``, ``timestamp``, ``domain``."""
+    if (state is None) != timers:
+        raise ValueError("name a state or ask for the timers (timers=True), not both")
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; expected one of {', '.join(FORMATS)}")
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
         source, batch=batch, storage_options=storage_options)
     view.check_outside(to)
-    target = view.state(state, operator)
+    target = view.timers(operator) if timers else view.state(str(state), operator)
     schema = target.schema(key_type, value_type)
     read = [0]
 
@@ -181,4 +184,4 @@ def export_state(source: str | CheckpointView, state: str, to: str, *, fmt: str 
     with _sink(to, target_options) as fh:
         rows = write_batches(target.read_batches(key_type=key_type, value_type=value_type,
                                                  progress=seen), schema, fh, fmt, compression)
-    return ExportResult(path=to, format=fmt, state=state, rows=rows, bytes_read=read[0])
+    return ExportResult(path=to, format=fmt, state=target.name, rows=rows, bytes_read=read[0])

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from statekit.backends.timers import TIMER_STATE_PREFIX, TIMERS_KIND, is_timer_state
 from statekit.checkpoint.blobstore.base import is_url
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import METADATA
@@ -40,6 +41,23 @@ Progress = Callable[[int], None] | None
 _CHK_DIR = re.compile(r"^chk-(\d+)$")
 _OPERATOR = re.compile(r"^(.*)-(\d+)$")
 _SNAPSHOT_IDS = 1_000_000  # applyInPandasWithState snapshot ids start here (batch + 1) * 10**6
+
+
+def timer_domain(state_name: str) -> str | None:
+    """The time domain of a timer queue's state name (None for other states)."""
+    if not is_timer_state(state_name):
+        return None
+    queue = state_name[len(TIMER_STATE_PREFIX):]
+    return "PROCESSING_TIME" if queue.startswith("processing") else "EVENT_TIME"
+
+
+def state_chunks(source: PartitionSource, name: str, key_groups: KeyGroupRange | None = None,
+                 progress: Progress = None) -> Iterator[Any]:
+    """:func:`iter_chunks`, timer queues' chunks tagged with their time domain."""
+    domain = timer_domain(name)
+    for chunk in iter_chunks(source, name, key_groups, progress):
+        chunk.domain = domain
+        yield chunk
 
 
 @dataclass(frozen=True)
@@ -96,8 +114,8 @@ class StateView:
         return plan
 
     def _sample(self) -> Any:
-        for _, _, source in self._parts:
-            for chunk in iter_chunks(source, self.name):
+        for _, state, source in self._parts:
+            for chunk in state_chunks(source, state.name):
                 if chunk.keys:
                     return chunk
         return None
@@ -111,13 +129,13 @@ class StateView:
         """The state cut into picklable pieces: per partition, ``key_group_splits`` key-group
         ranges each (Spark reads one per task)."""
         out = []
-        for _, _, source in self._parts:
+        for _, state, source in self._parts:
             rng = source.key_groups
             n = max(1, min(int(key_group_splits), len(rng)))
             for i in range(n):
                 lo = rng.start + len(rng) * i // n
                 hi = rng.start + len(rng) * (i + 1) // n - 1
-                out.append(StateSplit(source, self.name, None if n == 1 else (lo, hi)))
+                out.append(StateSplit(source, state.name, None if n == 1 else (lo, hi)))
         return out
 
     def read_batches(self, *, key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
@@ -129,19 +147,19 @@ class StateView:
         (an inclusive range) select part of it; ``progress(n)`` is told the bytes read."""
         plan = self.plan(key_type, value_type)
         rng = None if key_groups is None else KeyGroupRange.of(key_groups)
-        chosen = [src for i, (_, _, src) in enumerate(self._parts)
+        chosen = [(state.name, src) for i, (_, state, src) in enumerate(self._parts)
                   if partitions is None or i in partitions]
 
         def chunks() -> Iterator[Any]:
-            for source in chosen:
-                yield from iter_chunks(source, self.name, rng, progress)
+            for name, source in chosen:
+                yield from state_chunks(source, name, rng, progress)
 
         yield from record_batches(plan, chunks(), batch_rows)
 
     def count(self, progress: Progress = None) -> int:
         """The exact number of keys (reads the whole state, streaming)."""
-        return sum(len(chunk.keys) for _, _, source in self._parts
-                   for chunk in iter_chunks(source, self.name, progress=progress))
+        return sum(len(chunk.keys) for _, state, source in self._parts
+                   for chunk in iter_chunks(source, state.name, progress=progress))
 
     def to_pandas(self, **options: Any) -> pd.DataFrame:
         """The whole state as one DataFrame: for small states (tests, notebooks); large ones
@@ -198,6 +216,21 @@ class CheckpointView:
             if where == root or where.startswith(root.rstrip("/") + "/"):
                 raise ConfigError(what, f"{target} lies inside the checkpoint directory {root}; "
                                         "write it somewhere else")
+
+    def timers(self, operator: str | None = None) -> StateView:
+        """The timers of an operator's partitions (both domains) as one view: rows of ``key``,
+        ``timestamp`` and ``domain`` (``EVENT_TIME`` / ``PROCESSING_TIME``)."""
+        found = [s for s in self.states(include_internal=True)
+                 if s.kind == TIMERS_KIND and operator in (None, s.operator)]
+        operators = sorted({s.operator for s in found})
+        if len(operators) > 1:
+            raise StateError(f"several operators hold timers ({', '.join(operators)}); name one",
+                             "timers")
+        if not found:
+            raise StateError(f"{self.path} holds no timers" + (
+                f" of operator {operator!r}" if operator else ""), "timers")
+        return StateView("timers", operators[0],
+                         [part for view in found for part in view._parts])
 
     def state(self, name: str, operator: str | None = None) -> StateView:
         """The state ``name`` (of ``operator`` when several operators have one of that name)."""

@@ -8,8 +8,9 @@ DataFrame, through PySpark's Python Data Source API.
           .option("batch", 7)                  # Spark query state: the version of batch 7
           .load("/checkpoints/q1"))            # any path `statekit checkpoints inspect` takes
 
-Options: ``state``; ``operator`` (when several hold a state of that name); ``batch``,
-``checkpointId``; ``keyType`` / ``valueType`` (``auto``, ``json`` or an Arrow type name);
+Options: ``state``, or ``timers`` (``"true"``: the operator's timers of both domains, as
+``key``, ``timestamp`` and ``domain`` columns); ``operator`` (when several hold a state of that
+name); ``batch``, ``checkpointId``; ``keyType`` / ``valueType`` (``auto``, ``json`` or an Arrow type name);
 ``keyGroupSplits`` (Spark partitions per statekit partition, cut by key-group range; default 1);
 ``includeTentative``; ``storageOptions`` (a JSON object of fsspec options, e.g. an S3
 ``endpoint_url``).  One Spark partition per statekit partition (key-group range); the schema
@@ -29,8 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from statekit.errors import ConfigError
 from statekit.inspection.arrow import RowPlan, record_batches
-from statekit.inspection.entries import iter_chunks
-from statekit.inspection.views import StateSplit, StateView, open_checkpoint
+from statekit.inspection.views import StateSplit, StateView, open_checkpoint, state_chunks
 from statekit.serde.keygroups import KeyGroupRange
 
 FORMAT = "statekit"
@@ -48,8 +48,10 @@ def _state(options: dict[str, str]) -> StateView:
     name = _option(options, "state")
     if not path:
         raise ConfigError("path", 'spark.read.format("statekit").load(PATH) needs a path')
-    if not name:
-        raise ConfigError("state", 'name the state to read: .option("state", NAME)')
+    timers = str(_option(options, "timers", "false")).lower() == "true"
+    if bool(name) == timers:
+        raise ConfigError("state", 'name the state to read: .option("state", NAME), or read the '
+                                   'timers: .option("timers", "true") (one of them)')
     storage = _option(options, "storageOptions")
     batch, checkpoint = _option(options, "batch"), _option(options, "checkpointId")
     view = open_checkpoint(
@@ -57,6 +59,8 @@ def _state(options: dict[str, str]) -> StateView:
         checkpoint_id=None if checkpoint is None else int(checkpoint),
         storage_options=json.loads(storage) if storage else None,
         include_tentative=str(_option(options, "includeTentative", "false")).lower() == "true")
+    if timers:
+        return view.timers(_option(options, "operator"))
     return view.state(str(name), _option(options, "operator"))
 
 
@@ -112,7 +116,7 @@ class StatekitReader(DataSourceReader):
                        **self.choices)
         target = to_arrow_schema(self.schema, timezone="UTC")
         rng = None if split.key_groups is None else KeyGroupRange.of(split.key_groups)
-        for batch in record_batches(plan, iter_chunks(split.source, split.state, rng)):
+        for batch in record_batches(plan, state_chunks(split.source, split.state, rng)):
             yield batch.cast(target) if batch.schema != target else batch
 
 
