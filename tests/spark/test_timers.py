@@ -161,7 +161,7 @@ def test_timers_on_every_adapter_and_backend(spark, tmp_path):
             pending = (spark.read.format("statekit").option("timers", "true")
                        .load(str(tmp_path / f"cp-{run[0]}-{run[1]}")).toPandas())
             event = pending[pending["domain"] == "EVENT_TIME"]
-            assert sorted(zip(event["key"], event["timestamp"])) == [
+            assert sorted(zip(event["key"], event["timestamp"], strict=True)) == [
                 ("a", 140 * S), ("c", 141 * S)], run
 
 
