@@ -342,8 +342,8 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
                                               and event_time_column):
         raise ConfigError("event_time_column", f"expected a column name, got {event_time_column!r}")
     lateness = to_millis(allowed_lateness, "allowed_lateness", minimum=0)
-    spark = _active_session()
-    spec, schema = build_spec(spark, function, key_columns, output_schema, operator_id, conf,
+    session = _active_session()  # the one that started the query (knows its checkpoint)
+    spec, schema = build_spec(session, function, key_columns, output_schema, operator_id, conf,
                               event_time_column=event_time_column)
     refuse = refusal("foreach_batch", processing=None,
                      event=None if event_time_column else _NO_EVENT_COLUMN)
@@ -359,7 +359,7 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         query_id = spark.sparkContext.getLocalProperty(QUERY_ID) or "query"
         times = BatchTimes(spec.storage, query_id, spec.operator_id, lateness,
                            spec.versions_retained)
-        root = query_checkpoint_root(spark, query_id)
+        root = query_checkpoint_root(session, query_id) or query_checkpoint_root(spark, query_id)
         when = times.begin(batch_id, fsspec_url(root) if root else None)
         observed = None
         if event_time_column is not None:
