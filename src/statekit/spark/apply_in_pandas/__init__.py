@@ -25,6 +25,7 @@ from statekit.spark.apply_in_pandas.lineage import (
     DEFAULT_MATERIALIZE_EVERY,
     DEFAULT_MID_TASK_CALLS,
     MATERIALIZE_KEY,
+    MAX_LOG_KEY,
     MID_TASK_KEY,
     Lineage,
     Marker,
@@ -33,12 +34,14 @@ from statekit.spark.apply_in_pandas.lineage import (
     SnapshotId,
 )
 from statekit.spark.apply_in_pandas.partition import APPLIED, PartitionRuntime
+from statekit.spark.session import statekit_workers
 from statekit.spark.task import AdapterSpec, TaskInfo
 
 STATE_SCHEMA = "seq long, tseq long, tatt string, log binary"
 
 _RUNTIMES: dict[tuple[str, str, int], PartitionRuntime] = {}
 _RUNTIMES_LOCK = threading.Lock()
+_RUNNING: dict[tuple[str, str, int], PartitionRuntime] = {}  # begun in this process's running task
 
 
 def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
@@ -51,8 +54,44 @@ def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
             runtime = _RUNTIMES[slot] = PartitionRuntime(spec, info.query_id, info.partition,
                                                          materialize_every, timeout_conf,
                                                          mid_task_calls)
+    runtime.task_end_hook = _hook_task_end()
     runtime.begin_task(info)
+    _RUNNING[slot] = runtime
     return runtime
+
+
+def _end_running_tasks() -> None:
+    """The worker finished its task's last call: let each partition runtime it ran end it."""
+    while _RUNNING:
+        _, runtime = _RUNNING.popitem()
+        runtime.end_task()
+
+
+@functools.cache
+def _hook_task_end() -> bool:
+    """Call :func:`_end_running_tasks` when this worker process ends a task, still inside it.
+
+    PySpark's worker clears its ``TaskContext`` once the task's output is written and before it
+    reports the task done (a guard for reused workers); Spark commits the micro-batch only
+    after that report, so work done there belongs to the task.  Only a successful task gets
+    there: a failed one raises first.  True when the hook is in place."""
+    from pyspark.taskcontext import TaskContext
+
+    original = TaskContext.__dict__.get("_setTaskContext")
+    if not isinstance(original, classmethod):
+        return False
+    setter = original.__func__
+
+    def set_task_context(cls: Any, context: Any) -> None:
+        if cls is TaskContext:
+            if context is None:
+                _end_running_tasks()
+            else:
+                _RUNNING.clear()  # a new task: nothing of an earlier one is left to end
+        setter(cls, context)
+
+    TaskContext._setTaskContext = classmethod(set_task_context)  # type: ignore[method-assign,assignment]
+    return True
 
 
 @functools.cache
@@ -88,7 +127,8 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
         k = key[0] if len(key) == 1 else tuple(key)
         yield from runtime.call(k, frames, group_state)
 
-    return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)
+    with statekit_workers(spark, spec.worker_python):
+        return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)
 
 
 __all__ = [
@@ -96,6 +136,7 @@ __all__ = [
     "DEFAULT_MATERIALIZE_EVERY",
     "DEFAULT_MID_TASK_CALLS",
     "MATERIALIZE_KEY",
+    "MAX_LOG_KEY",
     "MID_TASK_KEY",
     "STATE_SCHEMA",
     "AdapterSpec",

@@ -43,7 +43,6 @@ class PartitionRuntime(PartitionLineage):
         self.timeout_conf = timeout_conf
         self._group_state: Any = None
         self.function: Any = None
-        self.recorder = ChangeRecorder()
         self.carried = LogCache()  # the logs this process last wrote, decoded
         self.started_empty = 0  # keys started from empty state because their snapshot was gone
 
@@ -148,6 +147,7 @@ class PartitionRuntime(PartitionLineage):
             self.carried.forget(key)
             self.recorder.clear_all()
             self._set_marker(key, None)
+            carried = None
         elif ops or truncated:
             carried = carried.rewrite(drop, new_entry)
             group_state.update((seq, tseq, tatt, carried.blob))
@@ -155,9 +155,7 @@ class PartitionRuntime(PartitionLineage):
             self.logged_new_bytes += new_bytes
             self.logged_old_bytes += len(carried.blob) - new_bytes
             self.carried.put(key, carried)
-        self.calls += 1
-        if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
-            self._materialize(self.batch, mid_task=True)  # e.g. a process that never sees a next task
+        self._after_call(carried)
         return outputs
 
     def _recover(self, key: Any, entries: list[list[Any]], tseq: int | None, tatt: str | None
