@@ -10,6 +10,8 @@ partition state: open at the previous batch, commit durably when the partition's
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,7 +24,7 @@ from statekit.runtime.functions import Function
 from statekit.spark import reporting, stopping
 from statekit.spark.jobmanager import DriverCheckpointStorage, QueryCheckpointStorage
 from statekit.spark.partitioning import grouping_types, key_types
-from statekit.spark.session import remember_working_roots
+from statekit.spark.session import remember_working_roots, statekit_worker_python, statekit_workers
 from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
 SPARK_PREFIX = "spark.statekit."
@@ -96,6 +98,7 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         if conf is None or exc.key not in cfg.normalize(conf):
             raise type(exc)(SPARK_PREFIX + exc.key, str(exc).split(": ", 1)[-1]) from None
         raise
+    _check_local_directory(flat, conf)
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
         remember_working_roots(roots())
@@ -107,11 +110,38 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         versions_retained=cfg.read(flat, VERSIONS_RETAINED_KEY), conf=flat,
         allow_missing_state=bool(cfg.read(flat, ALLOW_MISSING_KEY)),
         savepoint_path=flat.get(SAVEPOINT_KEY) or None, rescalable=grouped_df is None,
+        worker_python=statekit_worker_python(spark),
     )
     if grouped_df is not None:  # Spark's groupBy shuffle: its partition count is the query's
         spec.key_types = grouping_types(grouped_df)
         spec.partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     return spec, schema
+
+
+def _check_local_directory(flat: Mapping[str, Any], given: Mapping[str, Any] | None) -> None:
+    """A local ``state.checkpoints.dir`` statekit could not write is refused at the call (not at
+    the first batch, as an error inside every task): the directory, or the nearest existing
+    directory above it, must take a new file."""
+    url = str(flat.get("state.checkpoints.dir") or "")
+    if not url or ("://" in url and not url.startswith("file://")):
+        return  # unset (beside the query's checkpoint, which Spark checks at start) or remote
+    key = "state.checkpoints.dir"
+    if given is None or key not in cfg.normalize(given):
+        key = SPARK_PREFIX + key  # named as the user wrote it
+    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+    probe = path
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(key, f"{url}: {probe} is not a directory, so statekit cannot keep "
+                               "checkpoints under it")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".statekit-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ConfigError(key, f"{url}: statekit cannot write in {probe} ({exc.strerror or exc})"
+                          ) from None
 
 
 def _struct(spark: Any, schema: Any) -> Any:
@@ -205,10 +235,11 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             if self.task is not None:
                 self.task.commit()
 
-    return grouped_df.transformWithStateInPandas(
-        statefulProcessor=StatekitProcessor(), outputStructType=schema,
-        outputMode=output_mode, timeMode="None",
-    )
+    with statekit_workers(spark, spec.worker_python):
+        return grouped_df.transformWithStateInPandas(
+            statefulProcessor=StatekitProcessor(), outputStructType=schema,
+            outputMode=output_mode, timeMode="None",
+        )
 
 
 # --- foreachBatch + mapInArrow -------------------------------------------------------------------
@@ -245,9 +276,10 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
                                      f"(columns: {batch_df.columns})")
         partitions = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
         types = key_types(batch_df.schema, key_columns)
-        out = batch_df.repartition(partitions, *key_columns).mapInArrow(
-            functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns), schema,
-                              partitions, types), schema)
+        with statekit_workers(spark, spec.worker_python):
+            out = batch_df.repartition(partitions, *key_columns).mapInArrow(
+                functools.partial(_arrow_partition, spec, batch_id, list(batch_df.columns),
+                                  schema, partitions, types), schema)
         # materialized once, so a sink reading it twice does not run the partitions twice; a
         # block lost with its executor is recomputed, which commits the same version again
         # (not localCheckpoint: its blocks cannot be recomputed, a lost worker failed the query)

@@ -59,6 +59,8 @@ class AdapterSpec:
     rescalable: bool = False
     #: another query's state this one starts from when it has none (execution.savepoint.path)
     savepoint_path: str | None = None
+    #: the interpreter the driver runs statekit's tasks with when Spark's own lacks statekit
+    worker_python: str | None = None
 
     def scaling(self, partition: int, partitions: int | None = None,
                 key_types: list[str] | None = None) -> Scaling:

@@ -14,7 +14,7 @@ import os
 import stat
 
 from statekit.checkpoint.blobstore.base import check_key
-from statekit.errors import CorruptCheckpointError, UnsafePathError
+from statekit.errors import CheckpointStorageError, CorruptCheckpointError, UnsafePathError
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 # O_NONBLOCK: opening a FIFO returns at once (and is refused below) instead of waiting for a writer
@@ -75,3 +75,6 @@ def check_no_links(root: str, key: str) -> None:
                                       "checkpoint files are never reached through links")
         except FileNotFoundError:
             return
+        except NotADirectoryError as exc:  # a component above is a regular file
+            raise CheckpointStorageError(f"cannot write {root}/{key}: a path component is not "
+                                         "a directory") from exc

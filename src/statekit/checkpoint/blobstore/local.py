@@ -244,7 +244,11 @@ def _atomic_local_commit(path: str, fill: Callable[[int], None]) -> None:
     """Write a temp file in ``path``'s directory with ``fill(fd)``, fsync it, rename it over
     ``path`` and fsync the directory: readers see the old or the whole new file."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileNotFoundError, FileExistsError, NotADirectoryError) as exc:  # not "missing"
+        raise CheckpointStorageError(f"cannot create the directory {directory}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
     tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
     run_operation_hook("create-temp", tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
