@@ -63,6 +63,7 @@ def _builder(master: str, app_name: str, driver_host: str, shuffle_partitions: i
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.eventLog.enabled", "false")
+        .config("spark.python.authenticate.socketTimeout", SOCKET_TIMEOUT)
     )
 
 
