@@ -155,7 +155,6 @@ class PartitionLineage:
         if info.attempt_token == self.token:
             return
         self.access.mark_attempt(info.batch_id, info.attempt_token)
-        self.manifest.ensure(info.batch_id, max_parallelism=self.spec.max_parallelism)
         self._settle_pending(current_batch=info.batch_id)
         self.calls = self.snapshots_in_task = 0
         if self.backend is None:
@@ -170,6 +169,9 @@ class PartitionLineage:
             if info.batch_id - max(self.last_materialized_batch, self._base_batch()) \
                     >= self.materialize_every or self._logs_outweigh_snapshot() or self.over_bound:
                 self._materialize(info.batch_id)
+        # what the state is written with, for reading carried changes without a snapshot
+        self.manifest.ensure(info.batch_id, max_parallelism=self.spec.max_parallelism,
+                             states={name: meta.layout for name, (meta, _) in self.recorder.raw.items()})
         self.logged_old_bytes = self.logged_new_bytes = 0
         self.bound_calls, self.over_bound = 0, False
         self.token, self.batch = info.attempt_token, info.batch_id
