@@ -6,11 +6,19 @@ Python worker is idle, so a partition's tasks move between processes; a process 
 write the chain's newest snapshot is *behind* it.
 """
 
+import pandas as pd
 import pytest
 
-from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
+from statekit import HashMapStateBackend, KeyedProcessFunction, Types, ValueStateDescriptor
+from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.spark import apply_in_pandas as aip
-from tests.spark.test_apply_in_pandas_lineage import KEYS, Simulation, _fresh_process_reads_back
+from statekit.spark.task import AdapterSpec, TaskInfo
+from tests.spark.test_apply_in_pandas_lineage import (
+    KEYS,
+    FakeGroupState,
+    Simulation,
+    _fresh_process_reads_back,
+)
 
 
 def covered_batch(sim, batch_id):
@@ -143,3 +151,38 @@ def test_without_a_task_end_hook_logs_stay_bounded(tmp_path):
     assert max(sim.log_lengths().values()) <= 2 * sim.every + 2
     assert covered_batch(sim, 24) >= 23 - 2 * sim.every
     _fresh_process_reads_back(sim, tmp_path, 24, "end")
+
+
+class ClearOnNegative(KeyedProcessFunction):
+    """Counts a key's events; a negative value clears the key (its GroupState is removed)."""
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", Types.LONG()))
+
+    def process_element(self, row, ctx):
+        if row[1] < 0:
+            self.count.clear()
+            return
+        self.count.update((self.count.value() or 0) + 1)
+        yield ctx.get_current_key(), self.count.value()
+
+
+def test_a_key_removed_and_made_again_restores_from_an_older_snapshot(tmp_path):
+    """A snapshot holds a key's old life (marker (4, ...)); the key is then removed and made
+    again (a new log from sequence 1) before the next snapshot.  A process restoring that
+    snapshot found its marker on no log and failed with CorruptCheckpointError, although a log
+    that starts at sequence 1 and was never cut holds the key's whole new life."""
+    storage = FileSystemCheckpointStorage(str(tmp_path / "state"))
+    spec = AdapterSpec(ClearOnNegative(), HashMapStateBackend(), storage, "c", [], ["key", "n"])
+    processes, committed, outputs = {}, None, []
+    for batch, process, value in [(0, "P1", 1), (1, "P1", 1), (2, "P1", 1), (3, "P1", 1),
+                                  (4, "P2", -1), (5, "P2", 1), (6, "P3", 1)]:
+        runtime = processes.setdefault(process, aip.PartitionRuntime(spec, "q", 0, 4))
+        runtime.task_end_hook = True
+        runtime.begin_task(TaskInfo(batch, "q", 0, 0, f"t{batch}"))
+        state = FakeGroupState(committed)
+        frames = iter([pd.DataFrame({"key": ["k"], "v": [value]})])
+        outputs += [int(n) for out in runtime.call("k", frames, state) for n in out["n"]]
+        runtime.end_task()  # the snapshot of batches 0-3 is taken here, at batch 3
+        committed = state.get if state.updated else (None if state.removed else committed)
+    assert outputs == [1, 2, 3, 4, 1, 2]

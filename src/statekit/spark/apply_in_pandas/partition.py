@@ -111,6 +111,7 @@ class PartitionRuntime(PartitionLineage):
                 self.recorder.clear_all()
                 marker = None
                 self._set_marker(key, None)
+                lineage.trusted[key] = None  # a new log: no snapshot holds any of it yet
         entries = carried.entries
         if not self._consistent(marker, entries, tseq, tatt):
             marker, entries, tseq, tatt = self._recover(key, entries, tseq, tatt)
@@ -147,6 +148,7 @@ class PartitionRuntime(PartitionLineage):
             self.carried.forget(key)
             self.recorder.clear_all()
             self._set_marker(key, None)
+            self.lineage.trusted[key] = None  # its next log starts afresh: nothing to cut it by
             carried = None
         elif ops or truncated:
             carried = carried.rewrite(drop, new_entry)
@@ -169,6 +171,12 @@ class PartitionRuntime(PartitionLineage):
         self.lineage.base_markers[key] = marker
         if self._consistent(marker, entries, tseq, tatt):
             return marker, entries, tseq, tatt
+        if tseq is None and entries and entries[0][0] == 1:
+            # a log never cut since the key was empty holds its whole life: the snapshot holds an
+            # earlier life (the key was removed and made again after it)
+            self.recorder.clear_all()
+            self._set_marker(key, None)
+            return None, entries, tseq, tatt
         if marker is not None and (tseq is None or marker[0] > tseq):
             raise CorruptCheckpointError(
                 f"key {key!r}: the restored snapshot holds change {marker}, which is not "
