@@ -65,7 +65,7 @@ def test_tasks_run_with_the_drivers_python_when_sparks_lacks_statekit(spark, tmp
     lacking = tmp_path / "python-without-statekit"
     lacking.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     lacking.chmod(0o755)
-    frame = write_inputs(str(tmp_path / "in"), 0, 2)
+    frame = write_inputs(str(tmp_path / "in"), 0, 1)
     sink = Outputs()
     context = spark.sparkContext
     saved, context.pythonExec = context.pythonExec, str(lacking)  # as PYSPARK_PYTHON sets it

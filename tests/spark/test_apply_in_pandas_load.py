@@ -19,7 +19,8 @@ from statekit.serde.msgpack import unpackb
 from statekit.spark.apply_in_pandas import MATERIALIZE_KEY, MAX_LOG_KEY
 from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]  # minutes: the regressions run by default in
+# test_apply_in_pandas_schedule.py (simulated) and test_worker_reuse.py (fresh workers)
 
 EVERY = cfg.default(MATERIALIZE_KEY)
 MAX_LOG_BYTES = cfg.default(MAX_LOG_KEY)
@@ -49,8 +50,7 @@ def carried_logs(spark, checkpoint: str) -> list[tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.parametrize("hog", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["quiet", "cpu-hog"])
+@pytest.mark.parametrize("hog", [False, True], ids=["quiet", "cpu-hog"])
 def test_snapshots_on_schedule_and_bounded_logs_with_default_settings(spark, tmp_path, hog):
     """1,000 users (2,000 under the hog) over 4 partitions, one batch per file, default
     settings: each partition's newest snapshot at most the schedule behind, each key's log
