@@ -104,6 +104,13 @@ def _quiet_padding_warning() -> None:
         category=FutureWarning, module="pyspark.worker")
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds (keys must serialize without pickle, and
+    equal what Spark's rows hold when the tools read the state back)."""
+    item = getattr(value, "item", None)
+    return item() if item is not None and type(value).__module__ == "numpy" else value
+
+
 def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: Any, *,
                                output_mode: str = "update", timeout_conf: str = "NoTimeout",
                                operator_id: str | None = None,
@@ -124,7 +131,8 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
     def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
         _quiet_padding_warning()
         runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task)
-        k = key[0] if len(key) == 1 else tuple(key)
+        key = tuple(_plain(v) for v in key)  # pandas hands over NumPy scalars (np.int64, ...)
+        k = key[0] if len(key) == 1 else key
         yield from runtime.call(k, frames, group_state)
 
     with statekit_workers(spark, spec.worker_python):
