@@ -256,6 +256,9 @@ OPTIONS: tuple[Option, ...] = (
            "applyInPandasWithState: snapshot a partition every this many batches."),
     Option("state.changelog.materialize-after-calls", _POS_INT, "1000",
            "applyInPandasWithState: also snapshot within a task after this many key calls."),
+    Option("state.changelog.max-log-bytes", _POS_SIZE, "64 kb",
+           "applyInPandasWithState: a key whose carried change log grows past this size (or "
+           "holds changes older than materialize-every-batches) makes its task snapshot."),
 )
 
 #: canonical key -> option

@@ -118,6 +118,12 @@ class CheckpointStorageError(CheckpointError, OSError):
     """The storage failed an operation (after retries where they apply)."""
 
 
+class CarriedStateError(CheckpointError):
+    """Part of an ``applyInPandasWithState`` query's state lives in Spark's state store (the
+    changes each key carries in its ``GroupState``), which only Spark can read: it needs a
+    SparkSession, and the query's checkpointLocation."""
+
+
 # --- execution -----------------------------------------------------------------------------------
 
 

@@ -13,7 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from statekit.checkpoint.blobstore.local import LocalBlobStore
-from statekit.errors import CorruptCheckpointError, UnsafePathError
+from statekit.errors import (
+    CheckpointNotFoundError,
+    CheckpointStorageError,
+    CorruptCheckpointError,
+    UnsafePathError,
+)
 from tests.checkpoint.conftest import WRITERS
 from tests.checkpoint.forge import expected_state, restore_and_read
 
@@ -100,3 +105,17 @@ def test_a_linked_root_is_trusted_and_intact_checkpoints_restore(copy, tmp_path)
     writer, where = copy
     os.symlink(where, tmp_path / "alias")
     assert restore_and_read(writer, f"{tmp_path}/alias/chk-2") == expected_state(2)
+
+
+@pytest.mark.parametrize("where", ["under a regular file", "under /proc"])
+def test_a_root_that_cannot_hold_directories_is_a_storage_error(tmp_path, where):
+    """Writes under a regular file raised a bare NotADirectoryError, and under /proc a "not
+    found" CheckpointNotFoundError, as if something to read were missing."""
+    (tmp_path / "file").write_text("x")
+    root = str(tmp_path / "file" / "q") if where == "under a regular file" else "/proc/statekit-q"
+    store = LocalBlobStore(root)
+    for write in (lambda: store.put("chk-1/_metadata", b"x"),
+                  lambda: store.put_parts("shared/a", [b"x"])):
+        with pytest.raises(CheckpointStorageError, match=r"cannot (write|create)") as caught:
+            write()
+        assert not isinstance(caught.value, CheckpointNotFoundError)

@@ -36,11 +36,12 @@ def pages_with_examples() -> list[str]:
 
 def run_examples(code: str, tmp_path: Path) -> str:
     """Run ``code`` in a fresh interpreter with its temporary files under ``tmp_path``; check its
-    ``# prints:`` lines in order and that it left nothing behind."""
+    ``# prints:`` lines in order and that it left nothing behind.  As a user runs it: no
+    ``PYSPARK_PYTHON``, so a plain SparkSession starts Python workers with ``python3``."""
     work = tmp_path / "tmp"
     work.mkdir()
-    env = {**os.environ, "TMPDIR": str(work), "PYTHONPATH": str(ROOT / "src"),
-           "PYSPARK_PYTHON": sys.executable}  # Spark's Python workers: this interpreter
+    env = {**os.environ, "TMPDIR": str(work), "PYTHONPATH": str(ROOT / "src")}
+    env.pop("PYSPARK_PYTHON", None)
     done = subprocess.run([sys.executable, "-c", code], cwd=work, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -45,6 +45,21 @@ def test_spark_example_runs(tmp_path):
     assert list(tmp_path.glob("tmp*/q*/statekit/*/*/p*/chk-*/_metadata"))  # state beside each query
 
 
+@pytest.mark.spark
+def test_spark_example_stops_waiting_when_a_query_fails(tmp_path):
+    """The example waits for each query's progress: a failed query must end the wait with its
+    error, not leave it polling a query that never progresses again."""
+    code = blocks("python")[1]
+    failing = code.replace("        user, amount = value\n",
+                           "        user, amount = value\n        raise RuntimeError('boom')\n", 1)
+    assert failing != code
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", failing], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "StreamingQueryException" in done.stderr and "boom" in done.stderr, done.stderr[-3000:]
+
+
 def test_shell_commands_name_real_make_targets():
     for block in blocks("bash"):
         for line in block.splitlines():

@@ -6,6 +6,8 @@ that batch), then adds input and restarts the stopped query from its checkpoint.
 equal a pandas computation over the same input: no lost and no duplicated state updates.
 """
 
+import sys
+
 import pandas as pd
 import pytest
 
@@ -50,4 +52,26 @@ def test_vectorized_form(spark, tmp_path, adapter):
     sink = Outputs()
     run_until_done(spark, adapter, VectorCount(), str(tmp_path / "in"), str(tmp_path / "q"), sink,
                    {"state.checkpoints.dir": str(tmp_path / "statekit")})
+    assert sink.final() == expected(frame)
+
+
+@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state",
+                                     "apply_in_pandas_with_state"])
+def test_tasks_run_with_the_drivers_python_when_sparks_lacks_statekit(spark, tmp_path, adapter):
+    """A plain SparkSession starts Python workers with ``python3`` (``PYSPARK_PYTHON`` unset),
+    which often lacks statekit (the driver runs in a virtual environment): every task failed at
+    the first batch.  Here Spark's worker Python cannot import statekit (nor anything outside
+    the standard library); statekit's tasks run with the driver's interpreter instead."""
+    lacking = tmp_path / "python-without-statekit"
+    lacking.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    lacking.chmod(0o755)
+    frame = write_inputs(str(tmp_path / "in"), 0, 1)
+    sink = Outputs()
+    context = spark.sparkContext
+    saved, context.pythonExec = context.pythonExec, str(lacking)  # as PYSPARK_PYTHON sets it
+    try:
+        run_until_done(spark, adapter, RunningCount(), str(tmp_path / "in"), str(tmp_path / "q"),
+                       sink, restarts=0)
+    finally:
+        context.pythonExec = saved
     assert sink.final() == expected(frame)

@@ -44,3 +44,21 @@ def test_vectorized_per_key_form(spark, tmp_path):
     run_until_done(spark, "apply_in_pandas_with_state", VectorCount(), str(tmp_path / "in"),
                    str(tmp_path / "q"), sink, {"state.checkpoints.dir": str(tmp_path / "statekit")})
     assert sink.final() == expected(frame)
+
+
+def test_integer_grouping_keys(spark, tmp_path):
+    """pandas hands the grouping key over as NumPy scalars: an integer key (np.int64) failed
+    every task ("cannot serialize object of type int64 without pickle")."""
+    from statekit.spark import apply_in_pandas_with_state
+
+    write_inputs(str(tmp_path / "in"), 0, 1)
+    source = (spark.readStream.schema("key string, v long").option("maxFilesPerTrigger", 1)
+              .parquet(str(tmp_path / "in")).selectExpr("cast(substr(key, 2) as long) AS key", "v"))
+    frame = pd.read_parquet(str(tmp_path / "in"))
+    sink = Outputs()
+    query = (apply_in_pandas_with_state(source.groupBy("key"), RunningCount(), "key long, c long, t long")
+             .writeStream.foreachBatch(sink).outputMode("update")
+             .option("checkpointLocation", str(tmp_path / "q")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    want = {int(k[1:]): v for k, v in expected(frame).items()}
+    assert sink.final() == want

@@ -86,7 +86,10 @@ class SlowCommits(FileSystemCheckpointStorage):
 
 
 class Simulation:
-    def __init__(self, tmp_path, materialize_every=2, slow=False):
+    """One partition's tasks as Spark runs them.  ``task_end``: the worker tells the runtime
+    when a task's last call is done (the adapter's hook on PySpark's worker), as Spark does."""
+
+    def __init__(self, tmp_path, materialize_every=2, slow=False, task_end=True):
         storage = (SlowCommits if slow else FileSystemCheckpointStorage)(str(tmp_path / "state"))
         self.spec = AdapterSpec(Count(), HashMapStateBackend(), storage, "count", [], ["key", "n"])
         self.every = materialize_every
@@ -94,6 +97,7 @@ class Simulation:
         self.model = {}           # key -> committed event count
         self.processes = {}       # name -> PartitionRuntime (a worker process's runtime)
         self.attempt = 0
+        self.task_end = task_end
 
     def runtime(self, process):
         if process not in self.processes:
@@ -104,6 +108,7 @@ class Simulation:
         """One task attempt of batch ``batch_id`` in ``process``; fails after ``fail_after`` keys."""
         self.attempt += 1
         runtime = self.runtime(process)
+        runtime.task_end_hook = self.task_end
         runtime.begin_task(TaskInfo(batch_id, "q", 0, 0, f"t{self.attempt}"))
         staged = {}
         for i, key in enumerate(keys):
@@ -114,6 +119,8 @@ class Simulation:
             outputs = runtime.call(key, frames, state)
             assert int(outputs[0]["n"].iloc[-1]) == self.model.get(key, 0) + 1
             staged[key] = state
+        if self.task_end:
+            runtime.end_task()  # the worker's task end, before Spark commits the batch
         for key, state in staged.items():
             if state.updated:
                 self.committed[key] = state.get
@@ -153,7 +160,8 @@ def test_discarded_attempt_would_poison_a_snapshot_without_attempt_markers(tmp_p
     later materialize those changes, and a restore from that snapshot would count twice."""
 
     def scenario(path):
-        sim = Simulation(path, materialize_every=1)
+        # no task-end snapshots: the retry's process then leaves the chain where P1 has it
+        sim = Simulation(path, materialize_every=1, task_end=False)
         for b in range(3):
             assert sim.batch(b, "P1", KEYS)
         assert not sim.batch(3, "P1", KEYS, fail_after=6)  # P1 applied 6 keys' discarded changes
@@ -302,7 +310,7 @@ def _fresh_process_reads_back(sim, tmp_path, batch_id, tag):
 
     copy_dir = tmp_path / f"fresh-{tag}"
     shutil.copytree(tmp_path / "state", copy_dir / "state")
-    fresh = Simulation(copy_dir, sim.every)
+    fresh = Simulation(copy_dir, sim.every, task_end=sim.task_end)
     fresh.committed, fresh.model = copy.deepcopy(sim.committed), dict(sim.model)
     try:
         assert fresh.batch(batch_id, "FRESH", list(sim.committed))

@@ -1,10 +1,13 @@
 """Inspecting the state of Spark queries: the adapters' per-partition versions listed, picked by
-batch, read with ``spark.read.format("statekit")`` and the CLI, verified; the Spark reader on
-checkpoints of the local runner's layout on the S3 server."""
+batch, read with ``spark.read.format("statekit")`` and the CLI, verified; by default the state as
+of the query's last committed batch (applyInPandasWithState: with the changes Spark carries in
+its state store); the Spark reader on checkpoints of the local runner's layout on the S3
+server."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -92,7 +95,7 @@ def test_apply_in_pandas_snapshots_hide_internal_state(spark, tmp_path):
     infos = [i for i in list_checkpoints(checkpoint) if i.status == "retained"]
     assert infos and all(i.id >= 1_000_000 for i in infos)  # snapshot ids, not batch ids
     newest = max(i.batch for i in infos)
-    view = open_checkpoint(checkpoint)
+    view = open_checkpoint(checkpoint, snapshots_only=True)
     assert view.info.batch == newest
     assert [s.name for s in view.states()] == ["c", "t"]
     assert "__statekit_applied" in [s.name for s in view.states(include_internal=True)]
@@ -103,8 +106,74 @@ def test_apply_in_pandas_snapshots_hide_internal_state(spark, tmp_path):
     assert len(markers) > 0 and max(json.loads(m)[0] for m in markers["value"]) <= newest + 1
     as_of = as_of_markers(frame, markers)
     assert counts(view.state("c").to_pandas()) == {k: c for k, (c, _) in as_of.items()}
-    df = spark.read.format("statekit").option("state", "t").option("batch", newest).load(checkpoint)
+    df = (spark.read.format("statekit").option("state", "t").option("batch", newest)
+          .option("snapshotsOnly", "true").load(checkpoint))
     assert counts(df.toPandas()) == {k: t for k, (_, t) in as_of.items()}
+
+
+def as_dicts(frame: pd.DataFrame) -> tuple[dict[str, int], dict[str, int]]:
+    want = expected(frame)
+    return {k: c for k, (c, _) in want.items()}, {k: t for k, (_, t) in want.items()}
+
+
+def test_apply_in_pandas_state_is_the_last_committed_batch(spark, tmp_path):
+    """The tools read the snapshots and the changes each key carries in Spark's state store:
+    the query's exact state, as of its last committed batch, which they name.  (They used to
+    read the snapshots alone, which lag: most keys behind, some missing.)"""
+    frame = write_inputs(str(tmp_path / "in"), 0, 5, keys=200)
+    checkpoint = str(tmp_path / "query")
+    run_until_done(spark, "apply_in_pandas_with_state", RunningCount(), str(tmp_path / "in"),
+                   checkpoint, Outputs(), {"state.changelog.materialize-every-batches": "4"})
+    assert any(i.status == "retained" for i in list_checkpoints(checkpoint))  # snapshots, and
+    lagging = open_checkpoint(checkpoint, snapshots_only=True)  # they are behind the query
+    assert counts(lagging.state("c").to_pandas()) != as_dicts(frame)[0]
+    want_c, want_t = as_dicts(frame)
+    view = open_checkpoint(checkpoint)
+    assert (view.info.batch, view.info.committed_batch, view.info.status) == (4, 4, "committed")
+    assert counts(view.state("c").to_pandas()) == want_c
+    df = spark.read.format("statekit").option("state", "t").load(checkpoint)
+    assert counts(df.toPandas()) == want_t
+    out = cli("state", "export", checkpoint, "--state", "c", "--to", str(tmp_path / "c.parquet"))
+    assert "as of batch 4" in out and counts(pd.read_parquet(tmp_path / "c.parquet")) == want_c
+    assert "batch 4 (the query's last committed batch)" in cli("checkpoints", "inspect", checkpoint)
+    converted = cli("savepoint", "convert", checkpoint, "--to", str(tmp_path / "sp"), "--json")
+    savepoint = json.loads(converted)["savepoint"]
+    assert counts(open_checkpoint(savepoint).state("t").to_pandas()) == want_t
+    # batch 4 ran but Spark did not commit it (as after a crash): the state is batch 3's
+    os.remove(tmp_path / "query" / "commits" / "4")
+    view = open_checkpoint(checkpoint)
+    assert (view.info.batch, view.info.committed_batch) == (3, 3)
+    assert counts(view.state("c").to_pandas()) == as_dicts(frame.iloc[:2400])[0]
+
+
+def test_a_short_apply_in_pandas_run_has_state_to_show(spark, tmp_path):
+    """One batch, no snapshot yet: every change is carried in Spark's state store.  The CLI
+    said there was no state at all."""
+    frame = write_inputs(str(tmp_path / "in"), 0, 1)
+    checkpoint = str(tmp_path / "query")
+    run_until_done(spark, "apply_in_pandas_with_state", RunningCount(), str(tmp_path / "in"),
+                   checkpoint, Outputs())
+    assert "carried" in cli("checkpoints", "list", checkpoint)
+    assert "batch 0 (the query's last committed batch)" in cli("checkpoints", "inspect", checkpoint)
+    report = json.loads(cli("checkpoints", "inspect", checkpoint, "--count", "--json"))
+    assert {s["name"]: s["keys"] for s in report["states"]} == {"c": 40, "t": 40}
+    assert counts(open_checkpoint(checkpoint).state("c").to_pandas()) == as_dicts(frame)[0]
+
+
+def test_transform_with_state_reads_the_last_committed_batch(spark, tmp_path):
+    """After a crash between statekit's commit of a batch and Spark's, statekit holds a version
+    of a batch Spark will run again: the tools show the committed one (they showed the other)."""
+    frame = write_inputs(str(tmp_path / "in"), 0, 3)
+    checkpoint = str(tmp_path / "query")
+    run_until_done(spark, "transform_with_state", RunningCount(), str(tmp_path / "in"),
+                   checkpoint, Outputs())
+    os.remove(tmp_path / "query" / "commits" / "2")
+    view = open_checkpoint(checkpoint)
+    assert (view.info.batch, view.info.committed_batch) == (1, 1)
+    assert counts(view.state("c").to_pandas()) == as_dicts(frame.iloc[:1200])[0]
+    assert "batch 1 (the query's last committed batch)" in cli("checkpoints", "inspect", checkpoint)
+    df = spark.read.format("statekit").option("state", "t").load(checkpoint)
+    assert counts(df.toPandas()) == as_dicts(frame.iloc[:1200])[1]
 
 
 def test_spark_reader_on_s3_checkpoints(spark, tmp_path, s3_server, s3_url):

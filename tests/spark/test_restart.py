@@ -17,6 +17,9 @@ from tests.spark.restart_driver import ADAPTERS
 pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parents[2]
+#: seconds one driver process may take: nine queries at once on two cores take about two minutes
+#: on a quiet machine and ten or more at load 10 (the test's timeout covers two of them)
+DRIVER_SECONDS = 1200
 NOISE = ("StackOverflowError", " ERROR ", "Warning:", "Exception in thread", "statekit/",
          "statekit.errors", "Streaming TransformWithStateInPandas Python worker finish")
 
@@ -29,7 +32,7 @@ def drive(work: Path, backends: str, stops: int, files: int, *settings: str,
     done = subprocess.run(
         [sys.executable, "-m", "tests.spark.restart_driver", "run", str(work), backends,
          str(stops), str(files), *settings],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=DRIVER_SECONDS)
     output = done.stdout + done.stderr
     assert done.returncode == status, output[-4000:]
     return output
@@ -59,6 +62,7 @@ def check(work: Path, logs: list[str], queries: list[str]) -> None:
         assert list((work / "query" / name).glob("statekit/*/*/p00000/chk-*/_metadata")), name
 
 
+@pytest.mark.timeout(2 * DRIVER_SECONDS + 120)
 def test_stops_and_a_new_driver_resume_every_adapter_exactly(tmp_path):
     """Both backends, each adapter, default settings: a mid-stream stop (ten under ``slow``), then
     a new driver with more input must be exact (batches of 600 keys; snapshots every 2 batches, so
@@ -78,6 +82,7 @@ def test_stops_and_a_new_driver_resume_every_adapter_exactly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * DRIVER_SECONDS + 120)
 @pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
 def test_ten_stops_per_adapter_then_a_new_driver(tmp_path, backend):
     first = drive(tmp_path, backend, stops=10, files=14)

@@ -2,6 +2,8 @@
 called: a bad flag is a ConfigError there, naming the key and the nearest known one, before any
 query starts."""
 
+import os
+
 import pytest
 
 from statekit.errors import ConfigError, UnknownPluginError
@@ -64,3 +66,26 @@ def test_foreach_batch_checks_its_arguments(spark):
         foreach_batch(RunningCount(), "key", "key strin, c long", lambda df, b: None)
     with pytest.raises(TypeError, match="KeyedProcessFunction"):
         foreach_batch(lambda row: row, "key", OUTPUT, lambda df, b: None)
+
+
+def unusable_directories(tmp_path):
+    (tmp_path / "file").write_text("a regular file")
+    return {"under a regular file": str(tmp_path / "file" / "statekit"),
+            "under /proc": "/proc/statekit-test-dir",
+            "under /sys": "/sys/statekit-test-dir"}
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("where", ["under a regular file", "under /proc", "under /sys"])
+def test_an_unusable_checkpoint_directory_fails_at_the_adapter_call(spark, tmp_path, adapter, where):
+    """Not at the first batch, as a raw NotADirectoryError in every task or a "not found"."""
+    directory = unusable_directories(tmp_path)[where]
+    with pytest.raises(ConfigError, match=r"^state\.checkpoints\.dir: .*(not a directory|cannot write)"):
+        call(spark, adapter, conf={"state.checkpoints.dir": directory})
+    spark.conf.set("spark.statekit.state.checkpoints.dir", directory)
+    try:
+        with pytest.raises(ConfigError, match=r"^spark\.statekit\.state\.checkpoints\.dir: "):
+            call(spark, adapter)
+    finally:
+        spark.conf.unset("spark.statekit.state.checkpoints.dir")
+    assert not (tmp_path / "file").is_dir() and not os.path.exists(directory)

@@ -28,3 +28,18 @@ def test_no_worker_reuse(spark_no_reuse, tmp_path, adapter):
     assert sum(len(r) for r in sink.by_batch.values()) == len(frame)
     if adapter == "apply_in_pandas_with_state":  # fresh processes still materialize (mid-task)
         assert list((tmp_path / "s").rglob("chk-*/_metadata"))
+
+
+def test_apply_in_pandas_snapshots_in_fresh_workers_with_default_settings(spark_no_reuse, tmp_path):
+    """Every task in a new Python process, fewer key calls per task than
+    materialize-after-calls: no task ever started in a process that held its partition, so
+    nothing was ever snapshotted and each key's log held its whole history.  Snapshots are now
+    taken at the end of the task whose partition is due."""
+    frame = write_inputs(str(tmp_path / "in"), 0, 6, rows=1000, keys=200)
+    sink = Outputs()
+    run_until_done(spark_no_reuse, "apply_in_pandas_with_state", RunningCount(),
+                   str(tmp_path / "in"), str(tmp_path / "q"), sink,
+                   {"state.checkpoints.dir": str(tmp_path / "s")})
+    assert sink.final() == expected(frame)
+    snapshots = {m.parent.parent.name for m in (tmp_path / "s").rglob("chk-*/_metadata")}
+    assert snapshots == {"p00000", "p00001"}

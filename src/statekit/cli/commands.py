@@ -65,6 +65,28 @@ def main() -> None:
     """
 
 
+def _open(path: str, **kwargs: Any) -> Any:
+    """``open_checkpoint``, an applyInPandasWithState query's carried changes read through a
+    local SparkSession started when one is needed (then only: it takes seconds)."""
+    from statekit.inspection import open_checkpoint
+    from statekit.inspection.views import register_carried_reader
+
+    register_carried_reader(_read_carried)
+    return open_checkpoint(path, **kwargs)
+
+
+def _read_carried(query: Any, batch: int | None, options: dict[str, Any]) -> Any:
+    from statekit.spark.committed import allow_local_session, read_carried
+
+    allow_local_session()
+    return read_carried(query, batch, options)
+
+
+_SNAPSHOTS_ONLY = click.option(
+    "--snapshots-only", is_flag=True,
+    help="applyInPandasWithState: its snapshots alone (they lag), not Spark's carried changes.")
+
+
 @main.group()
 def checkpoints() -> None:
     """List, inspect, verify and clean up checkpoints."""
@@ -126,14 +148,15 @@ def list_(path: str, as_json: bool, partitions: bool, storage_options: dict[str,
 @click.option("--checkpoint-id", type=int, help="A job directory's checkpoint (default: newest).")
 @click.option("--internal", is_flag=True, help="Also show statekit's internal states.")
 @click.option("--count", is_flag=True, help="Count keys exactly (reads every state).")
+@_SNAPSHOTS_ONLY
 @common
 def inspect(path: str, as_json: bool, batch: int | None, checkpoint_id: int | None,
-            internal: bool, count: bool, storage_options: dict[str, Any]) -> None:
-    """Operators, partitions, key-group ranges and states of one checkpoint."""
-    from statekit.inspection import open_checkpoint
-
-    view = open_checkpoint(path, batch=batch, checkpoint_id=checkpoint_id,
-                           storage_options=storage_options)
+            internal: bool, count: bool, snapshots_only: bool,
+            storage_options: dict[str, Any]) -> None:
+    """Operators, partitions, key-group ranges and states of one checkpoint (a Spark query:
+    as of its last committed batch, unless --batch)."""
+    view = _open(path, batch=batch, checkpoint_id=checkpoint_id, storage_options=storage_options,
+                 snapshots_only=snapshots_only)
     states = view.states(include_internal=internal)
     counted: dict[tuple[str, str], int] = {}
     if count:
@@ -156,6 +179,11 @@ def inspect(path: str, as_json: bool, batch: int | None, checkpoint_id: int | No
     output.line(f"{info.kind} {info.path}")
     when = f"  {info.timestamp:%Y-%m-%d %H:%M:%S} UTC" if info.timestamp else ""
     batch_text = f"  batch {info.batch}" if info.batch is not None else ""
+    if info.committed_batch is not None:
+        batch_text += (" (the query's last committed batch)" if info.batch == info.committed_batch
+                       else f" (the query's last committed batch: {info.committed_batch})")
+    if info.status == "committed":
+        output.line("  the snapshots with the changes carried in Spark's state store")
     output.line(f"  id {info.id}{batch_text}  backend {info.backend}  max parallelism "
                 f"{info.max_parallelism}  {'incremental' if info.incremental else 'full'}  "
                 f"{output.human_bytes(info.size)} in {info.files} file(s){when}")
@@ -261,17 +289,18 @@ _TYPES = click.Choice(["auto", "json", "string", "int64", "int32", "double", "bi
 @click.option("--compression", default="snappy", show_default=True, help="Parquet codec.")
 @click.option("--target-option", "target_opts", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the output URL; repeatable.")
+@_SNAPSHOTS_ONLY
 @common
 def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str, target: str,
            operator: str | None, batch: int | None, key_type: str, value_type: str,
-           compression: str, target_opts: tuple[str, ...], storage_options: dict[str, Any]
-           ) -> None:
+           compression: str, target_opts: tuple[str, ...], snapshots_only: bool,
+           storage_options: dict[str, Any]) -> None:
     """Export one state (or the timers) to Parquet, CSV or JSON Lines (streamed)."""
-    from statekit.inspection import export_state, open_checkpoint
+    from statekit.inspection import export_state
 
     if (name is None) == (not timers):
         raise click.UsageError("give --state NAME or --timers (one of them)")
-    view = open_checkpoint(path, batch=batch, storage_options=storage_options)
+    view = _open(path, batch=batch, storage_options=storage_options, snapshots_only=snapshots_only)
     chosen = view.timers(operator) if timers else view.state(str(name), operator)
     with output.progress(f"exporting {chosen.name}", chosen.bytes) as advance:
         result = export_state(view, name, target, fmt=fmt, operator=operator,
@@ -279,10 +308,11 @@ def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str, t
                               key_type=key_type, value_type=value_type,
                               compression=compression, progress=advance, timers=timers)
     if as_json:
-        output.emit_json(result.to_dict())
+        output.emit_json({**result.to_dict(), "batch": view.info.batch})
     else:
         what = "the timers" if timers else f"state {name!r}"
-        output.line(f"exported {result.rows} row(s) of {what} to {target} ({fmt})")
+        as_of = "" if view.info.batch is None else f", as of batch {view.info.batch}"
+        output.line(f"exported {result.rows} row(s) of {what} to {target} ({fmt}{as_of})")
 
 
 # --- savepoint convert ---------------------------------------------------------------------------
@@ -298,21 +328,24 @@ def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str, t
 @click.option("--internal", is_flag=True, help="Keep statekit's internal states.")
 @click.option("--target-option", "target_opts", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the target; repeatable.")
+@_SNAPSHOTS_ONLY
 @common
 def convert(path: str, as_json: bool, target: str, backend: str | None,
             max_parallelism: int | None, operator: str | None, batch: int | None, internal: bool,
-            target_opts: tuple[str, ...], storage_options: dict[str, Any]) -> None:
+            target_opts: tuple[str, ...], snapshots_only: bool,
+            storage_options: dict[str, Any]) -> None:
     """Write a self-contained savepoint of a checkpoint: restorable by any backend, at any
     parallelism, with --max-parallelism key groups."""
-    from statekit.inspection import convert_savepoint, open_checkpoint
+    from statekit.inspection import convert_savepoint
 
-    view = open_checkpoint(path, batch=batch, storage_options=storage_options)
+    view = _open(path, batch=batch, storage_options=storage_options, snapshots_only=snapshots_only)
     with output.progress("converting", view.info.size) as advance:
         written = convert_savepoint(view, target, backend=backend, max_parallelism=max_parallelism,
                                     operator=operator, include_internal=internal,
                                     target_options=_storage_options(target_opts) or storage_options,
                                     progress=advance)
     if as_json:
-        output.emit_json({"savepoint": written, "source": view.path})
+        output.emit_json({"savepoint": written, "source": view.path, "batch": view.info.batch})
     else:
-        output.line(f"savepoint written: {written}")
+        as_of = "" if view.info.batch is None else f" (as of batch {view.info.batch})"
+        output.line(f"savepoint written: {written}{as_of}")

@@ -5,7 +5,8 @@ Clickstream events arrive as files (generated here, one micro-batch each).  A st
 minutes of event time without events) in the RocksDB backend.  Only the backend flag is set:
 statekit keeps its checkpoints beside the query's own (``<checkpointLocation>/statekit``).
 Halfway through, the query is stopped and restarted from its checkpoint, as an operator would
-after a deploy.  At the end every user's totals are checked against pandas.
+after a deploy.  At the end every user's totals are checked against pandas.  The work directory
+(input, the query's checkpoint, statekit's state) is kept, for ``statekit checkpoints inspect``.
 
 Run: ``python -m statekit.demo.spark_demo [--backend rocksdb|hashmap] [--adapter ...]``.
 """
@@ -24,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statekit import KeyedProcessFunction, Types, ValueStateDescriptor, workdirs
+from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
 from statekit.errors import StatekitError
 
 SESSION_GAP_MS = 30 * 60 * 1000
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--users", type=int, default=2_000)
     parser.add_argument("--dir", default=None,
-                        help="work directory to keep (default: a temporary one, removed at exit)")
+                        help="work directory (default: a new one in the temporary directory); "
+                             "kept afterwards, so the state can be inspected")
     args = parser.parse_args(argv)
     try:
         return run(args)
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         transform_with_state,
     )
 
-    work = args.dir or str(workdirs.create(tempfile.gettempdir(), "statekit-spark-demo-"))
+    work = args.dir or tempfile.mkdtemp(prefix="statekit-spark-demo-")
     print(f"statekit streaming demo: backend={args.backend}, adapter={args.adapter}, dir={work}")
     with stage("starting Spark (local[2], loopback only)"):
         spark = local_spark(app_name="statekit-demo",
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print(f"    statekit's checkpoints: {work}/query/statekit (beside the query's own)")
+    print(f"    kept for you to look at: statekit checkpoints inspect {work}/query "
+          f"(then: rm -rf {work})")
 
     want = expected(pd.concat([first, rest], ignore_index=True))
     got = pd.DataFrame.from_dict(latest, orient="index",

@@ -66,6 +66,9 @@ class Listing:
     jobs: dict[str, JobDir]
     savepoints: list[str]
     operators: list[str]
+    #: applyInPandasWithState partitions without a snapshot yet: their state is all carried in
+    #: Spark's GroupState (attempt markers only)
+    carried: dict[str, JobDir] = field(default_factory=dict)
 
     def access(self, job: JobDir) -> CheckpointStorageAccess:
         """The layout of one job directory (its paths are relative to it)."""
@@ -127,8 +130,10 @@ def scan(url: str, storage_options: dict[str, Any] | None = None) -> Listing:
         match = _PARTITION.match(base)
         if match is not None and (parent in known or job.attempts or partitions[parent] > 1):
             job.operator, job.partition = parent, int(match.group(1))
+    carried = {rel: job for rel, job in jobs.items()
+               if not (job.complete or job.incomplete) and job.partition is not None}
     jobs = {rel: job for rel, job in jobs.items() if job.complete or job.incomplete}
-    return Listing(url, store, options, jobs, sorted(savepoints), sorted(operators))
+    return Listing(url, store, options, jobs, sorted(savepoints), sorted(operators), carried)
 
 
 def valid_snapshot(job: JobDir, body: dict[str, Any]) -> bool:
@@ -213,10 +218,20 @@ def list_checkpoints(location: str, *, storage_options: dict[str, Any] | None = 
         saved = list(pool.map(lambda rel: savepoint_info(listing, rel), listing.savepoints))
     pending = [describe(listing, job, cid, None) for job in listing.jobs.values()
                for cid in sorted(job.incomplete)]
-    found = loaded + pending + saved
+    found = loaded + pending + saved + [_carried_info(listing, job) for job in listing.carried.values()]
     if not found:
         raise CheckpointNotFoundError(f"no checkpoint, savepoint or statekit state under {location}")
     return sorted(found, key=lambda i: (i.job, i.kind == "savepoint", i.id if i.id is not None else -1))
+
+
+def _carried_info(listing: Listing, job: JobDir) -> CheckpointInfo:
+    """An applyInPandasWithState partition with no snapshot yet (status ``carried``: its state
+    is in Spark's GroupState; ``batch`` is the newest batch a task of it ran)."""
+    query, operator = job.spark_names()
+    return CheckpointInfo(path=_join(listing.url, job.rel), kind="version", job=job.rel, id=None,
+                          batch=max(job.attempts), status="carried", timestamp=None, backend=None,
+                          incremental=None, size=None, files=None, max_parallelism=None,
+                          partitions=None, query=query, operator=operator, partition=job.partition)
 
 
 def jobs_of(listing: Listing, kinds: Iterable[str] = ("job", "spark")) -> list[JobDir]:

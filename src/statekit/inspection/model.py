@@ -87,7 +87,10 @@ class CheckpointInfo(_Record):
 
     ``status``: ``retained`` (complete: its ``_metadata`` exists), ``incomplete`` (files without
     ``_metadata``: interrupted, or still being written), ``unreadable`` (damaged ``_metadata``),
-    ``tentative`` (an applyInPandasWithState snapshot whose task attempts are not confirmed).
+    ``tentative`` (an applyInPandasWithState snapshot whose task attempts are not confirmed),
+    ``carried`` (an applyInPandasWithState partition without a snapshot yet), ``committed`` (a
+    Spark query's state as of its last committed batch, snapshots and carried changes merged).
+    ``committed_batch``: a Spark query's last committed batch (Spark's ``commits/``), when known.
     """
 
     path: str
@@ -107,6 +110,7 @@ class CheckpointInfo(_Record):
     query: str | None = None
     operator: str | None = None
     partition: int | None = None
+    committed_batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ handles with their key-group ranges), states; each state readable as Arrow recor
 ``open_checkpoint`` accepts what users have at hand: a ``chk-<n>`` directory (or its
 ``_metadata``), a savepoint directory, a job directory (its newest complete checkpoint, or
 ``checkpoint_id``), a Spark query's statekit root or its ``checkpointLocation`` (every partition's
-newest version, or the one of ``batch``), on the local disk or any fsspec URL.
+version of the query's last committed batch, or of ``batch``), on the local disk or any fsspec
+URL.  An ``applyInPandasWithState`` query's state is its snapshots plus the changes its keys
+carry in Spark's state store; :mod:`statekit.spark` reads those (registering the reader here).
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ from statekit.checkpoint.blobstore.base import is_url
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import METADATA
 from statekit.checkpoint.metadata import decode_metadata
-from statekit.errors import CheckpointNotFoundError, ConfigError, StateError, StatekitError
+from statekit.errors import (
+    CarriedStateError,
+    CheckpointNotFoundError,
+    ConfigError,
+    StateError,
+    StatekitError,
+)
 from statekit.inspection import catalog
 from statekit.inspection.arrow import RowPlan, TypeChoice, describe, record_batches
+from statekit.inspection.committed import SparkQuery, find_query
 from statekit.inspection.entries import (
     PartitionSource,
     iter_chunks,
@@ -41,6 +50,15 @@ Progress = Callable[[int], None] | None
 _CHK_DIR = re.compile(r"^chk-(\d+)$")
 _OPERATOR = re.compile(r"^(.*)-(\d+)$")
 _SNAPSHOT_IDS = 1_000_000  # applyInPandasWithState snapshot ids start here (batch + 1) * 10**6
+#: what reads an applyInPandasWithState query's state as of a batch (Spark's state store merged
+#: onto the snapshots): registered by :mod:`statekit.spark`, which may use Spark
+CarriedReader = Callable[[SparkQuery, "int | None", dict[str, Any]], "CheckpointView"]
+_carried_reader: list[CarriedReader] = []
+
+
+def register_carried_reader(reader: CarriedReader) -> None:
+    """Make ``reader`` open applyInPandasWithState queries (see the module docstring)."""
+    _carried_reader[:] = [reader]
 
 
 def timer_domain(state_name: str) -> str | None:
@@ -250,13 +268,16 @@ class CheckpointView:
 
 def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int | None = None,
                     storage_options: dict[str, Any] | None = None,
-                    include_tentative: bool = False) -> CheckpointView:
+                    include_tentative: bool = False, snapshots_only: bool = False) -> CheckpointView:
     """Open the checkpoint or savepoint ``path`` names (see the module docstring).
 
-    ``batch`` picks, for a Spark query, each partition's version of that batch (its newest one
-    at or before it); ``include_tentative`` also considers applyInPandasWithState snapshots
-    whose attempts are unconfirmed.  CheckpointNotFoundError when nothing (or more than one
-    job) is there.
+    A Spark query's state is that of its last committed batch (Spark's ``commits/``), or of
+    ``batch``: each partition's version of it (its newest one at or before it); ``info.batch``
+    says which.  For applyInPandasWithState, the changes carried in Spark's state store are
+    merged onto the snapshots (through :mod:`statekit.spark`, with a SparkSession; else
+    :class:`CarriedStateError`) unless ``snapshots_only``, which reads the snapshots alone (they
+    lag); ``include_tentative`` then also considers snapshots whose attempts are unconfirmed.
+    CheckpointNotFoundError when nothing (or more than one job) is there.
     """
     path = path.rstrip("/")
     if path.endswith("/" + METADATA):
@@ -277,7 +298,14 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
         return CheckpointView(info, body, _partitions(items))
     listing = catalog.scan(path, options)
     spark = catalog.jobs_of(listing, ["spark"])
-    if spark:
+    if spark or listing.carried:
+        query = find_query(path, options)
+        if not snapshots_only and (listing.carried or any(_carries(job) for job in spark)):
+            return _open_carried(path, query, batch, options)
+        if query is not None and batch is None:
+            if query.committed is None:
+                raise CheckpointNotFoundError(f"{path}: the query has not committed a batch yet")
+            batch = query.committed
         queries = sorted({job.spark_names()[0] or "" for job in spark})
         if len(queries) > 1:
             raise CheckpointNotFoundError(
@@ -288,7 +316,10 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
                   if (cid := _version(listing, job, batch, include_tentative)) is not None]
         if not picked:
             raise CheckpointNotFoundError(f"no version at or before batch {batch} under {path}")
-        return _view_of(listing, picked, "version")
+        view = _view_of(listing, picked, "version")
+        if query is not None:
+            view.info = CheckpointInfo(**{**view.info.__dict__, "committed_batch": query.committed})
+        return view
     jobs = [job for job in catalog.jobs_of(listing, ["job"]) if job.complete]
     if len(jobs) == 1:
         job = jobs[0]
@@ -304,6 +335,27 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
         raise CheckpointNotFoundError(f"no complete checkpoint or savepoint under {path}")
     raise CheckpointNotFoundError(f"{path} holds {len(candidates)} jobs or savepoints; open one "
                                   f"of: {', '.join(candidates[:10])}")
+
+
+def _carries(job: catalog.JobDir) -> bool:
+    """Whether a Spark partition is applyInPandasWithState's (attempt markers, snapshot ids)."""
+    return bool(job.attempts) or any(cid >= _SNAPSHOT_IDS for cid in job.complete)
+
+
+def _open_carried(path: str, query: SparkQuery | None, batch: int | None,
+                  options: dict[str, Any]) -> CheckpointView:
+    if query is None:
+        raise CarriedStateError(
+            f"{path} holds applyInPandasWithState state, whose changes since each snapshot live "
+            "in the query's Spark state store: open the query's checkpointLocation (where Spark "
+            "keeps it), or pass snapshots_only=True (--snapshots-only) to read the snapshots "
+            "alone, which lag behind the query")
+    if not _carried_reader:
+        raise CarriedStateError(
+            f"{path}: an applyInPandasWithState query's state needs Spark's state store reader: "
+            "import statekit.spark first (it reads the changes through a SparkSession), or pass "
+            "snapshots_only=True to read the snapshots alone, which lag behind the query")
+    return _carried_reader[0](query, batch, options)
 
 
 def _version(listing: catalog.Listing, job: catalog.JobDir, batch: int | None,

@@ -2,11 +2,13 @@
 
 from statekit.spark.adapters import foreach_batch, statekit_conf, transform_with_state
 from statekit.spark.apply_in_pandas import apply_in_pandas_with_state
+from statekit.spark.committed import install_reader, read_carried
 from statekit.spark.datasource import StatekitDataSource, register_data_source
 from statekit.spark.reporting import statekit_error
 from statekit.spark.session import cluster_spark, local_spark, quiet_stop_noise, quiet_tws_driver_worker
 
 quiet_tws_driver_worker()
+install_reader()  # spark.read.format("statekit") on applyInPandasWithState queries, in the driver
 
 __all__ = [
     "StatekitDataSource",
@@ -15,6 +17,7 @@ __all__ = [
     "foreach_batch",
     "local_spark",
     "quiet_stop_noise",
+    "read_carried",
     "register_data_source",
     "statekit_conf",
     "statekit_error",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -38,7 +40,7 @@ from statekit.spark.jobmanager import (
     query_checkpoint_root,
 )
 from statekit.spark.partitioning import grouping_types, key_types
-from statekit.spark.session import remember_working_roots
+from statekit.spark.session import remember_working_roots, statekit_worker_python, statekit_workers
 from statekit.spark.task import QUERY_ID, AdapterSpec, PartitionTask, TaskInfo
 
 SPARK_PREFIX = "spark.statekit."
@@ -113,6 +115,7 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         if conf is None or exc.key not in cfg.normalize(conf):
             raise type(exc)(SPARK_PREFIX + exc.key, str(exc).split(": ", 1)[-1]) from None
         raise
+    _check_local_directory(flat, conf)
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
         remember_working_roots(roots())
@@ -124,6 +127,7 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         versions_retained=cfg.read(flat, VERSIONS_RETAINED_KEY), conf=flat,
         allow_missing_state=bool(cfg.read(flat, ALLOW_MISSING_KEY)),
         savepoint_path=flat.get(SAVEPOINT_KEY) or None, rescalable=grouped_df is None,
+        worker_python=statekit_worker_python(spark),
     )
     spec.event_time_column = event_time_column
     spec.time_zone = str(spark.conf.get("spark.sql.session.timeZone", "UTC"))
@@ -133,6 +137,32 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         # the function gets every column of the grouped DataFrame, in its order
         spec.timestamp_index = column_index(grouped_df._df.columns, event_time_column)
     return spec, schema
+
+
+def _check_local_directory(flat: Mapping[str, Any], given: Mapping[str, Any] | None) -> None:
+    """A local ``state.checkpoints.dir`` statekit could not write is refused at the call (not at
+    the first batch, as an error inside every task): the directory, or the nearest existing
+    directory above it, must take a new file."""
+    url = str(flat.get("state.checkpoints.dir") or "")
+    if not url or ("://" in url and not url.startswith("file://")):
+        return  # unset (beside the query's checkpoint, which Spark checks at start) or remote
+    key = "state.checkpoints.dir"
+    if given is None or key not in cfg.normalize(given):
+        key = SPARK_PREFIX + key  # named as the user wrote it
+    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+    probe = path
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(key, f"{url}: {probe} is not a directory, so statekit cannot keep "
+                               "checkpoints under it")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".statekit-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ConfigError(key, f"{url}: statekit cannot write in {probe} ({exc.strerror or exc})"
+                          ) from None
 
 
 def _struct(spark: Any, schema: Any) -> Any:
@@ -283,10 +313,12 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             if self.task is not None:
                 self.task.commit()
 
-    return grouped_df.transformWithStateInPandas(
-        statefulProcessor=StatekitProcessor(), outputStructType=schema,
-        outputMode=output_mode, timeMode=mode, eventTimeColumnName=output_event_time_column or "",
-    )
+    with statekit_workers(spark, spec.worker_python):
+        return grouped_df.transformWithStateInPandas(
+            statefulProcessor=StatekitProcessor(), outputStructType=schema,
+            outputMode=output_mode, timeMode=mode,
+            eventTimeColumnName=output_event_time_column or "",
+        )
 
 
 _NO_TIME_MODE = ("transform_with_state(time_mode='None') gives no time and fires no timers (as "
@@ -369,10 +401,11 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         types = key_types(batch_df.schema, key_columns)
         batch_spec = dataclasses.replace(
             spec, timestamp_index=column_index(batch_df.columns, event_time_column))
-        out = batch_df.repartition(partitions, *key_columns).mapInArrow(
-            functools.partial(_arrow_partition, batch_spec, batch_id, list(batch_df.columns),
-                              schema, partitions, types, refuse,
-                              (int(when["processing_time"]), int(when["watermark"]))), schema)
+        with statekit_workers(spark, spec.worker_python):
+            out = batch_df.repartition(partitions, *key_columns).mapInArrow(
+                functools.partial(_arrow_partition, batch_spec, batch_id, list(batch_df.columns),
+                                  schema, partitions, types, refuse,
+                                  (int(when["processing_time"]), int(when["watermark"]))), schema)
         # materialized once, so a sink reading it twice does not run the partitions twice; a
         # block lost with its executor is recomputed, which commits the same version again
         # (not localCheckpoint: its blocks cannot be recomputed, a lost worker failed the query)

@@ -98,6 +98,33 @@ class ChangeRecorder:
         """The raw timer queue of state ``name`` (None until the backend created it)."""
         return self.queues.get(name)
 
+    def dump(self, key: Any = None) -> list[list[Any]]:
+        """Operations that rebuild the current key's (``key``'s) states and timers from empty
+        (bookkeeping aside): a key's whole state, to be replayed into another backend."""
+        ops: list[list[Any]] = [[name, T_ADD, ts] for name, queue in self.queues.items()
+                                for ts in queue.timers_of(key)]
+        for name, (meta, raw) in self.raw.items():
+            if name == APPLIED_NAME:
+                continue
+            stored: Any = meta.stored_serializer
+            if meta.kind == "value":
+                value = raw.value()  # type: ignore[attr-defined]
+                if value is not None:
+                    ops.append([name, V_SET, stored.serialize(value)])
+            elif meta.kind == "list":
+                elements = raw.get()  # type: ignore[attr-defined]
+                if elements:
+                    ops.append([name, L_SET, [stored.element.serialize(e) for e in elements]])
+            else:
+                ops.extend([name, M_PUT, stored.key.serialize(k),
+                            None if v is None else stored.value.serialize(v)]
+                           for k, v in raw.items())  # type: ignore[attr-defined]
+        return ops
+
+    def applied(self) -> Any:
+        """The current key's applied marker, as stored."""
+        return self.raw[APPLIED_NAME][1].value()  # type: ignore[attr-defined]
+
     def all_empty(self, now: int, key: Any = None) -> bool:
         """Whether the current key (``key``) holds nothing live (TTL-expired entries count as
         gone), timers included, so its carried state can be removed."""

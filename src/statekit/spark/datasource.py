@@ -12,7 +12,8 @@ Options: ``state``, or ``timers`` (``"true"``: the operator's timers of both dom
 ``key``, ``timestamp`` and ``domain`` columns); ``operator`` (when several hold a state of that
 name); ``batch``, ``checkpointId``; ``keyType`` / ``valueType`` (``auto``, ``json`` or an Arrow type name);
 ``keyGroupSplits`` (Spark partitions per statekit partition, cut by key-group range; default 1);
-``includeTentative``; ``storageOptions`` (a JSON object of fsspec options, e.g. an S3
+``snapshotsOnly`` and ``includeTentative`` (applyInPandasWithState: its snapshots alone);
+``storageOptions`` (a JSON object of fsspec options, e.g. an S3
 ``endpoint_url``).  One Spark partition per statekit partition (key-group range); the schema
 comes from the state's recorded descriptor type, untyped columns inferred from its first entries.
 
@@ -58,7 +59,8 @@ def _state(options: dict[str, str]) -> StateView:
         str(path), batch=None if batch is None else int(batch),
         checkpoint_id=None if checkpoint is None else int(checkpoint),
         storage_options=json.loads(storage) if storage else None,
-        include_tentative=str(_option(options, "includeTentative", "false")).lower() == "true")
+        include_tentative=str(_option(options, "includeTentative", "false")).lower() == "true",
+        snapshots_only=str(_option(options, "snapshotsOnly", "false")).lower() == "true")
     if timers:
         return view.timers(_option(options, "operator"))
     return view.state(str(name), _option(options, "operator"))

@@ -4,11 +4,15 @@ and the driver-side clean-up of what statekit's Spark workers leave behind."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from statekit import workdirs
@@ -33,6 +37,10 @@ TWS_DRIVER_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
 
 _roots: set[str] = set()
 _roots_lock = threading.Lock()
+log = logging.getLogger("statekit.spark")
+#: seconds a Python worker and the JVM wait for each other's socket (Spark's default is 15 s,
+#: which a loaded machine misses: ``CANNOT_OPEN_SOCKET``); a dead peer still fails, later
+SOCKET_TIMEOUT = "300s"
 
 
 def _builder(master: str, app_name: str, driver_host: str, shuffle_partitions: int,
@@ -55,6 +63,7 @@ def _builder(master: str, app_name: str, driver_host: str, shuffle_partitions: i
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.eventLog.enabled", "false")
+        .config("spark.python.authenticate.socketTimeout", SOCKET_TIMEOUT)
     )
 
 
@@ -169,3 +178,63 @@ def quiet_tws_driver_worker() -> None:
     spec = getattr(main, "__spec__", None)
     if main is not None and getattr(spec, "name", None) == TWS_DRIVER_WORKER:
         main.print = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+
+
+_probed: dict[str, str | None] = {}
+_probe_lock = threading.Lock()
+_PROBE = "import os, statekit; print(os.path.realpath(statekit.__file__))"
+
+
+def statekit_worker_python(spark: Any) -> str | None:
+    """The interpreter statekit's tasks must run with when Spark's would fail them, else None.
+
+    A plain local ``SparkSession`` starts Python workers with ``PYSPARK_PYTHON`` (default: the
+    ``python3`` on the path), which often lacks statekit (a virtual environment's interpreter
+    runs the driver): every task would fail at its first batch.  In local mode the workers run
+    on this machine, so this is checked here, once per interpreter, and this interpreter is
+    used for statekit's tasks when the other cannot import this statekit.  (On a cluster the
+    executors' Python is the cluster's to provide.)
+    """
+    context = spark.sparkContext
+    configured = str(context.pythonExec)
+    if not str(context.master).startswith("local"):
+        return None
+    found = shutil.which(configured)
+    if found is not None and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return None
+    with _probe_lock:
+        if configured not in _probed:
+            _probed[configured] = None if _runs_this_statekit(configured) else sys.executable
+            if _probed[configured] is not None:
+                log.warning("Spark starts Python workers with %r (PYSPARK_PYTHON), which cannot "
+                            "import this statekit; statekit's tasks run with %s instead (set "
+                            "PYSPARK_PYTHON before the session starts to choose)",
+                            configured, sys.executable)
+        return _probed[configured]
+
+
+def _runs_this_statekit(python: str) -> bool:
+    import statekit
+
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    mine = os.path.realpath(statekit.__file__)
+    return done.returncode == 0 and done.stdout.strip() == mine
+
+
+@contextlib.contextmanager
+def statekit_workers(spark: Any, python: str | None) -> Iterator[None]:
+    """Python UDFs created inside run with ``python`` (PySpark reads the worker interpreter
+    when it wraps a function); nothing changes when it is None."""
+    if python is None:
+        yield
+        return
+    context = spark.sparkContext
+    saved = context.pythonExec
+    context.pythonExec = python
+    try:
+        yield
+    finally:
+        context.pythonExec = saved

@@ -61,6 +61,8 @@ class AdapterSpec:
     event_time_column: str | None = None
     timestamp_index: int | None = None
     time_zone: str = "UTC"
+    #: the interpreter the driver runs statekit's tasks with when Spark's own lacks statekit
+    worker_python: str | None = None
 
     def scaling(self, partition: int, partitions: int | None = None,
                 key_types: list[str] | None = None) -> Scaling:

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Callable, Iterator
 
 from statekit.checkpoint.blobstore.base import check_key
-from statekit.errors import CorruptCheckpointError, UnsafePathError
+from statekit.errors import CheckpointStorageError, CorruptCheckpointError, UnsafePathError
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -38,9 +38,13 @@ def open_dir(root: str, names: list[str], *, create: bool = False) -> int:
     """An fd of the directory ``root/names...``, each step opened without following a link
     (``create``: missing steps are made, relative to their parent; a missing root is made as a
     path, since the configured directory is trusted)."""
-    if create:
-        os.makedirs(root, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        if create:
+            os.makedirs(root, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except (FileExistsError, NotADirectoryError) as exc:  # a component is a file: not "missing"
+        raise CheckpointStorageError(f"cannot use the directory {root}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
     try:
         for name in names:
             try:

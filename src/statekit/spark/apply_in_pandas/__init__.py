@@ -25,6 +25,7 @@ from statekit.spark.apply_in_pandas.lineage import (
     DEFAULT_MATERIALIZE_EVERY,
     DEFAULT_MID_TASK_CALLS,
     MATERIALIZE_KEY,
+    MAX_LOG_KEY,
     MID_TASK_KEY,
     Lineage,
     Marker,
@@ -34,12 +35,14 @@ from statekit.spark.apply_in_pandas.lineage import (
 )
 from statekit.spark.apply_in_pandas.partition import APPLIED, PartitionRuntime
 from statekit.spark.clock import has_watermark
+from statekit.spark.session import statekit_workers
 from statekit.spark.task import AdapterSpec, TaskInfo
 
 STATE_SCHEMA = "seq long, tseq long, tatt string, log binary"
 
 _RUNTIMES: dict[tuple[str, str, int], PartitionRuntime] = {}
 _RUNTIMES_LOCK = threading.Lock()
+_RUNNING: dict[tuple[str, str, int], PartitionRuntime] = {}  # begun in this process's running task
 
 
 def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
@@ -52,8 +55,44 @@ def _runtime(spec: AdapterSpec, info: TaskInfo, materialize_every: int,
             runtime = _RUNTIMES[slot] = PartitionRuntime(spec, info.query_id, info.partition,
                                                          materialize_every, timeout_conf,
                                                          mid_task_calls, watermark)
+    runtime.task_end_hook = _hook_task_end()
     runtime.begin_task(info)
+    _RUNNING[slot] = runtime
     return runtime
+
+
+def _end_running_tasks() -> None:
+    """The worker finished its task's last call: let each partition runtime it ran end it."""
+    while _RUNNING:
+        _, runtime = _RUNNING.popitem()
+        runtime.end_task()
+
+
+@functools.cache
+def _hook_task_end() -> bool:
+    """Call :func:`_end_running_tasks` when this worker process ends a task, still inside it.
+
+    PySpark's worker clears its ``TaskContext`` once the task's output is written and before it
+    reports the task done (a guard for reused workers); Spark commits the micro-batch only
+    after that report, so work done there belongs to the task.  Only a successful task gets
+    there: a failed one raises first.  True when the hook is in place."""
+    from pyspark.taskcontext import TaskContext
+
+    original = TaskContext.__dict__.get("_setTaskContext")
+    if not isinstance(original, classmethod):
+        return False
+    setter = original.__func__
+
+    def set_task_context(cls: Any, context: Any) -> None:
+        if cls is TaskContext:
+            if context is None:
+                _end_running_tasks()
+            else:
+                _RUNNING.clear()  # a new task: nothing of an earlier one is left to end
+        setter(cls, context)
+
+    TaskContext._setTaskContext = classmethod(set_task_context)  # type: ignore[method-assign,assignment]
+    return True
 
 
 @functools.cache
@@ -64,6 +103,13 @@ def _quiet_padding_warning() -> None:
     warnings.filterwarnings(
         "ignore", message="The behavior of DataFrame concatenation with empty or all-NA entries",
         category=FutureWarning, module="pyspark.worker")
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds (keys must serialize without pickle, and
+    equal what Spark's rows hold when the tools read the state back)."""
+    item = getattr(value, "item", None)
+    return item() if item is not None and type(value).__module__ == "numpy" else value
 
 
 def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: Any, *,
@@ -92,10 +138,12 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
     def call(key: tuple[Any, ...], frames: Iterator[Any], group_state: Any) -> Iterator[Any]:
         _quiet_padding_warning()
         runtime = _runtime(spec, TaskInfo.current(), every, timeout, mid_task, watermark)
-        k = key[0] if len(key) == 1 else tuple(key)
+        key = tuple(_plain(v) for v in key)  # pandas hands over NumPy scalars (np.int64, ...)
+        k = key[0] if len(key) == 1 else key
         yield from runtime.call(k, frames, group_state)
 
-    return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)
+    with statekit_workers(spark, spec.worker_python):
+        return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)
 
 
 __all__ = [
@@ -103,6 +151,7 @@ __all__ = [
     "DEFAULT_MATERIALIZE_EVERY",
     "DEFAULT_MID_TASK_CALLS",
     "MATERIALIZE_KEY",
+    "MAX_LOG_KEY",
     "MID_TASK_KEY",
     "STATE_SCHEMA",
     "AdapterSpec",

@@ -145,6 +145,7 @@ class PartitionRuntime(PartitionLineage):
                 self.recorder.clear_all(key)
                 marker = None
                 self._set_marker(key, None)
+                lineage.trusted[key] = None  # a new log: no snapshot holds any of it yet
         entries = carried.entries
         if not self._consistent(marker, entries, tseq, tatt):
             marker, entries, tseq, tatt = self._recover(key, entries, tseq, tatt)
@@ -181,6 +182,8 @@ class PartitionRuntime(PartitionLineage):
             self.carried.forget(key)
             self.recorder.clear_all(key)
             self._set_marker(key, None)
+            self.lineage.trusted[key] = None  # its next log starts afresh: nothing to cut it by
+            carried = None
         elif ops or truncated:
             carried = carried.rewrite(drop, new_entry)
             group_state.update((seq, tseq, tatt, carried.blob))
@@ -188,9 +191,7 @@ class PartitionRuntime(PartitionLineage):
             self.logged_new_bytes += new_bytes
             self.logged_old_bytes += len(carried.blob) - new_bytes
             self.carried.put(key, carried)
-        self.calls += 1
-        if self.calls % self.mid_task_calls == 0 and self._mid_task_due():
-            self._materialize(self.batch, mid_task=True)  # e.g. a process that never sees a next task
+        self._after_call(carried)
         return outputs
 
     def _recover(self, key: Any, entries: list[list[Any]], tseq: int | None, tatt: str | None
@@ -204,6 +205,12 @@ class PartitionRuntime(PartitionLineage):
         self.lineage.base_markers[key] = marker
         if self._consistent(marker, entries, tseq, tatt):
             return marker, entries, tseq, tatt
+        if tseq is None and entries and entries[0][0] == 1:
+            # a log never cut since the key was empty holds its whole life: the snapshot holds an
+            # earlier life (the key was removed and made again after it)
+            self.recorder.clear_all(key)
+            self._set_marker(key, None)
+            return None, entries, tseq, tatt
         if marker is not None and (tseq is None or marker[0] > tseq):
             raise CorruptCheckpointError(
                 f"key {key!r}: the restored snapshot holds change {marker}, which is not "
