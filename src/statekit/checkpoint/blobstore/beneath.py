@@ -38,12 +38,16 @@ def open_dir(root: str, names: list[str], *, create: bool = False) -> int:
     """An fd of the directory ``root/names...``, each step opened without following a link
     (``create``: missing steps are made, relative to their parent; a missing root is made as a
     path, since the configured directory is trusted)."""
-    try:
-        if create:
+    if create:
+        try:
             os.makedirs(root, exist_ok=True)
+        except (FileNotFoundError, FileExistsError, NotADirectoryError) as exc:  # not "missing"
+            raise CheckpointStorageError(f"cannot create the directory {root}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+    try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
-    except (FileExistsError, NotADirectoryError) as exc:  # a component is a file: not "missing"
-        raise CheckpointStorageError(f"cannot use the directory {root}: "
+    except NotADirectoryError as exc:  # a component is a regular file
+        raise CheckpointStorageError(f"cannot create the directory {root}: "
                                      f"{type(exc).__name__}: {exc}") from exc
     try:
         for name in names:
