@@ -126,7 +126,7 @@ def test_transform_with_state_tasks_send_no_implicit_keys():
     from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle
     from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 
-    from statekit.spark.adapters import _patch_client
+    from statekit.spark.transform import _patch_client
 
     client = object.__new__(StatefulProcessorApiClient)  # no JVM socket: any request would fail
     with pytest.raises(AttributeError):
