@@ -19,6 +19,8 @@ PRINTS = re.compile(r"# prints: (.+)$", re.M)
 ADAPTERS = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "adapters").glob("*.md"))
 #: pages whose examples run in tests of their own (test_inspect_doc)
 OWN_TESTS = {"inspect.md"}
+#: other pages whose examples start Spark (run on their own, under the ``spark`` marker)
+SPARK_PAGES = ["timers.md"]
 #: what statekit itself may leave in the temporary directory: the shared root of RocksDB working
 #: directories (each instance's directory inside it is removed)
 SHARED_ROOTS = {"statekit-rocksdb"}
@@ -31,7 +33,8 @@ def python_blocks(page: str) -> list[str]:
 
 def pages_with_examples() -> list[str]:
     pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
-    return [p for p in pages if python_blocks(p) and p not in OWN_TESTS and p not in ADAPTERS]
+    return [p for p in pages if python_blocks(p) and p not in OWN_TESTS and p not in ADAPTERS
+            and p not in SPARK_PAGES]
 
 
 def run_examples(code: str, tmp_path: Path) -> str:
@@ -65,6 +68,12 @@ def test_every_page_with_examples_is_run():
 
 @pytest.mark.parametrize("page", pages_with_examples())
 def test_page_examples_run(page, tmp_path):
+    run_examples("\n".join(python_blocks(page)), tmp_path)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("page", SPARK_PAGES)
+def test_spark_page_examples_run(page, tmp_path):
     run_examples("\n".join(python_blocks(page)), tmp_path)
 
 
