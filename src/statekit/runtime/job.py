@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +29,8 @@ from statekit.errors import CheckpointError, ConfigError, JobExecutionError, Sta
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.restart import RestartTracker
-from statekit.runtime.timers import MAX_WATERMARK, MIN_WATERMARK
-from statekit.runtime.watermarks import WatermarkGenerator, WatermarkStrategy
+from statekit.runtime.timers import MAX_WATERMARK
+from statekit.runtime.watermarks import SourceTime
 from statekit.serde.keygroups import (
     KeyGroupRange,
     key_group_for_bytes,
@@ -124,8 +124,7 @@ class LocalJob:
         self.clock = self.env.get_processing_time_clock()
         # the end of input fires every event-time timer, except at a stop with a savepoint
         self.drain = savepoint_dir is None or drain
-        self.watermark = MIN_WATERMARK
-        self.generator: WatermarkGenerator | None = None
+        self.time = SourceTime(self.transforms, self.clock)
         self.selector = keyed._selector
         self.key_serializer = as_key_serializer(serializer_for(keyed._key_type))
         self.func = stream._func
@@ -249,23 +248,10 @@ class LocalJob:
     def _restore_time(self, tasks: list[_Task], restore: _RestorePoint | None) -> None:
         """The watermark (and the largest timestamp seen) the restored checkpoint recorded, so a
         restored job goes on with the time its input had reached."""
-        recorded = restore.metadata.get("time") if restore is not None else None
-        watermark = MIN_WATERMARK
-        strategy = self._watermark_strategy()
-        self.generator = strategy.create_generator() if strategy is not None else None
-        if isinstance(recorded, dict):
-            watermark = _int_or(recorded.get("watermark"), MIN_WATERMARK)
-            if self.generator is not None:
-                self.generator.max_timestamp = _int_or(recorded.get("max_timestamp"),
-                                                       MIN_WATERMARK)
-        self.watermark = watermark
+        self.time = SourceTime(self.transforms, self.clock)
+        self.time.restore(restore.metadata.get("time") if restore is not None else None)
         for task in tasks:
-            task.op.timers.watermark = watermark
-
-    def _watermark_strategy(self) -> WatermarkStrategy | None:
-        """The last watermark strategy of the pipeline: the one whose watermarks count."""
-        strategies = [s for s in self.transforms if isinstance(s, WatermarkStrategy)]
-        return strategies[-1] if strategies else None
+            task.op.timers.watermark = self.time.watermark
 
     def _process(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
                  restore: _RestorePoint | None) -> int:
@@ -276,11 +262,14 @@ class LocalJob:
         serialize, selector = self.key_serializer.serialize, self.selector
         outputs = self.outputs
         checkpointing = self.checkpoint_config.is_checkpointing_enabled()
-        records = self._records()
-        generator, clock = self.generator, self.clock
+        records, source_time, clock = self.time.records(), self.time, self.clock
         next_processing = min(t.op.timers.next_processing for t in tasks)
         while position < len(source):
-            for value, timestamp in records(source[position]):
+            try:
+                produced_records = records(source[position])
+            except Exception as exc:  # a timestamp assigner or a stateless stage failed
+                raise _UserFailure() from exc
+            for value, timestamp in produced_records:
                 try:
                     key = selector(value)
                     task = tasks[key_group_for_bytes(serialize(key), maxp) * p // maxp]
@@ -292,8 +281,9 @@ class LocalJob:
                 if task.op.timers.next_processing < next_processing:
                     next_processing = task.op.timers.next_processing
             position += 1
-            if generator is not None and generator.current_watermark() > self.watermark:
-                self._advance_watermark(tasks, generator.current_watermark())
+            watermark = source_time.next_watermark()
+            if watermark is not None:
+                self._advance_watermark(tasks, watermark)
                 next_processing = min(t.op.timers.next_processing for t in tasks)
             if next_processing != MAX_WATERMARK:
                 now = clock()
@@ -311,9 +301,9 @@ class LocalJob:
             if self.limit is not None and len(outputs.committed) >= self.limit:
                 return position
         if self.drain:  # the end of bounded input: every event-time timer fires
-            natural = self.watermark
+            natural = self.time.watermark
             self._advance_watermark(tasks, MAX_WATERMARK)
-            self.watermark = natural  # what a resumed job goes on from
+            self.time.watermark = natural  # what a resumed job goes on from
             if not checkpointing:
                 outputs.release(outputs.open)
                 outputs.open = []
@@ -322,40 +312,8 @@ class LocalJob:
         coordinator.poll(wait=True)
         return position
 
-    def _records(self) -> Callable[[Any], Iterable[tuple[Any, int | None]]]:
-        """``records(element)``: what one source element becomes after the stateless stages, as
-        ``(value, timestamp)`` pairs (timestamps from the watermark strategies, else None)."""
-        transforms = self.transforms
-        if not any(isinstance(s, WatermarkStrategy) for s in transforms):
-            def untimed(element: Any) -> Iterable[tuple[Any, int | None]]:
-                elements: Iterable[Any] = (element,)
-                for transform in transforms:
-                    elements = [out for e in elements for out in transform(e)]  # type: ignore[operator]
-                return [(e, None) for e in elements]
-
-            return untimed
-        last = self._watermark_strategy()
-        clock = self.clock
-
-        def timed(element: Any) -> Iterable[tuple[Any, int | None]]:
-            recs: list[tuple[Any, int | None]] = [(element, None)]
-            for stage in transforms:
-                if isinstance(stage, WatermarkStrategy):
-                    gen = self.generator if stage is last else stage.create_generator()
-                    assert gen is not None
-                    now = clock() if stage.idle_timeout is not None else None
-                    try:
-                        recs = [(v, gen.on_event(v, ts, now)) for v, ts in recs]
-                    except Exception as exc:
-                        raise _UserFailure() from exc
-                else:
-                    recs = [(out, ts) for v, ts in recs for out in stage(v)]
-            return recs
-
-        return timed
-
     def _advance_watermark(self, tasks: list[_Task], watermark: int) -> None:
-        self.watermark = watermark
+        self.time.watermark = watermark
         for task in tasks:
             try:
                 task.op.advance_watermark(watermark, self.outputs.open)
@@ -385,9 +343,7 @@ class LocalJob:
             "max_parallelism": self.max_parallelism,
             "parallelism": self.parallelism,
             "backend": self.backend_factory.name,
-            "time": {"watermark": self.watermark,
-                     "max_timestamp": (self.generator.max_timestamp
-                                       if self.generator is not None else MIN_WATERMARK)},
+            "time": self.time.recorded(),
         }
 
     def _stop(self, tasks: list[_Task], coordinator: CheckpointCoordinator, position: int
@@ -451,10 +407,6 @@ def _close_quietly(task: _Task) -> None:
         task.op.close()
     except Exception:
         log.warning("closing %s after a failure failed", task.name, exc_info=True)
-
-
-def _int_or(value: Any, default: int) -> int:
-    return value if type(value) is int else default
 
 
 def _transfer_threads(backend: Any) -> int:

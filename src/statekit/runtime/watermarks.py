@@ -114,3 +114,71 @@ class WatermarkGenerator:
         timeout = self.strategy.idle_timeout
         return (timeout is not None and self.last_event_time is not None
                 and now - self.last_event_time >= timeout)
+
+
+class SourceTime:
+    """The local runner's source side of event time: the stateless stages with the watermark
+    strategies among them, each element's timestamp, and the watermark the last strategy makes
+    (Flink: a later strategy replaces an earlier one's watermarks)."""
+
+    def __init__(self, stages: list[Any], clock: Callable[[], int]) -> None:
+        self.stages = stages
+        self.clock = clock
+        strategies = [s for s in stages if isinstance(s, WatermarkStrategy)]
+        self.last = strategies[-1] if strategies else None
+        self.generator = self.last.create_generator() if self.last is not None else None
+        self.watermark = MIN_WATERMARK
+
+    def restore(self, recorded: Any) -> None:
+        """Go on from the time a checkpoint recorded (``{"watermark", "max_timestamp"}``)."""
+        if not isinstance(recorded, dict):
+            return
+        self.watermark = _int_or(recorded.get("watermark"), MIN_WATERMARK)
+        if self.generator is not None:
+            self.generator.max_timestamp = _int_or(recorded.get("max_timestamp"), MIN_WATERMARK)
+
+    def recorded(self) -> dict[str, int]:
+        """What a checkpoint records of the source's time."""
+        return {"watermark": self.watermark,
+                "max_timestamp": (self.generator.max_timestamp if self.generator is not None
+                                  else MIN_WATERMARK)}
+
+    def next_watermark(self) -> int | None:
+        """The watermark after the elements so far, if it moved forward."""
+        if self.generator is None:
+            return None
+        watermark = self.generator.current_watermark()
+        return watermark if watermark > self.watermark else None
+
+    def records(self) -> Callable[[Any], list[tuple[Any, int | None]]]:
+        """``records(element)``: what one source element becomes after the stages, as
+        ``(value, timestamp)`` pairs (timestamps from the watermark strategies, else None)."""
+        stages = self.stages
+        if self.last is None:
+            def untimed(element: Any) -> list[tuple[Any, int | None]]:
+                elements: list[Any] = [element]
+                for stage in stages:
+                    elements = [out for e in elements for out in stage(e)]
+                return [(e, None) for e in elements]
+
+            return untimed
+        generators = [self.generator if s is self.last else
+                      s.create_generator() if isinstance(s, WatermarkStrategy) else None
+                      for s in stages]
+        clock = self.clock
+
+        def timed(element: Any) -> list[tuple[Any, int | None]]:
+            recs: list[tuple[Any, int | None]] = [(element, None)]
+            for stage, gen in zip(stages, generators, strict=True):
+                if gen is None:
+                    recs = [(out, ts) for v, ts in recs for out in stage(v)]
+                    continue
+                now = clock() if stage.idle_timeout is not None else None
+                recs = [(v, gen.on_event(v, ts, now)) for v, ts in recs]
+            return recs
+
+        return timed
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if type(value) is int else default
