@@ -116,7 +116,7 @@ def test_same_named_operators_of_two_queries_do_not_share_an_area():
         assert status == 204
         status, data = _exchange(server, _request("GET", "/list?prefix=", theirs, _as("qb", "rb")))
         assert status == 200 and b"_metadata" not in data
-        for query, run in [("qa", "rb"), ("qa", ""), ("", "")]:  # the other query, without its run
+        for query, run in [("qa", "rb"), ("qa", ""), ("", ""), ("qa", "r\xe9")]:  # without its run
             for method in ("GET", "DELETE"):
                 status, _ = _exchange(server, _request(method, "/b/qa/p0/_metadata", theirs,
                                                        _as(query, run)))

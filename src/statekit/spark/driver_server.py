@@ -153,7 +153,8 @@ class JobManagerServer:
         now = time.monotonic()
         with self._state:
             known = self._runs.get(query_id)
-        if known is not None and known[0] == run and now - known[1] < RUN_TTL:
+        if known is not None and now - known[1] < RUN_TTL \
+                and hmac.compare_digest(known[0].encode(), run.encode()):
             return True
         try:
             current = self.current_run(query_id)  # JVM calls: not under the lock

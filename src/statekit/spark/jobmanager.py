@@ -3,10 +3,11 @@
 A small HTTP server in the driver process (bound to the driver host, loopback in local mode)
 keeps JobManager checkpoints in memory; executors reach it through :class:`RemoteBlobStore`,
 authenticated by a secret created per query definition, and proving with their query's run id
-(Spark's job group of the run's batches) which query they work for.  Flink's limits apply: each state under
-``max_state_size`` (checked when it is written) and each request under the 10 MiB "RPC frame"
-(checked by the server).  Such checkpoints survive any worker process and end with the driver,
-like a JobManager's.
+(Spark's job group of the run's batches) which query they work for.  Flink's limits apply: each
+state under ``max_state_size`` (checked when it is written) and each request under the 10 MiB
+"RPC frame" (checked by the server); each operator of a query holds at most
+``state.checkpoint-storage.jobmanager.max-total-size``.  Such checkpoints survive any worker
+process and end with the driver, like a JobManager's.
 
 The same server tells executors where a running query keeps its Spark checkpoint, so that
 :class:`QueryCheckpointStorage` (the default on Spark) can keep statekit's checkpoints beside it:
@@ -44,7 +45,7 @@ from statekit.spark.driver_server import (
 RUN_PROPERTY = "spark.jobGroup.id"
 
 __all__ = ["MAX_REQUEST_BYTES", "DriverCheckpointStorage", "JobManagerServer",
-           "QueryCheckpointStorage", "RemoteBlobStore"]
+           "QueryCheckpointStorage", "RemoteBlobStore", "serving", "task_run"]
 
 
 class _DriverClient:
@@ -102,6 +103,13 @@ class _DriverClient:
                     raise CheckpointStorageError(
                         f"the Spark driver's server is unreachable at {self.url}: {exc}") from exc
         raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close this thread's connection, if any."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
 
 def task_run() -> str:
@@ -238,8 +246,9 @@ def serving(spark: Any) -> JobManagerServer:
 
 def _running_query(query_id: str) -> Any:
     """The running query ``query_id`` of a session the server answers for (JVM), or None."""
-    try:
-        uuid.UUID(query_id)  # Spark's query ids; anything else is no query (and never sent on)
+    try:  # Spark's query ids, as Spark spells them; anything else is no query (never sent on)
+        if str(uuid.UUID(query_id)) != query_id:
+            return None
     except ValueError:
         return None
     with _SESSIONS_LOCK:
@@ -281,8 +290,12 @@ def fsspec_url(hadoop_path: str) -> str:
 
 def _lookup(url: str, secret: str, query_id: str) -> tuple[int, bytes]:
     """Ask the driver's server where query ``query_id`` (the calling task's) keeps its checkpoint."""
-    return _DriverClient(url, secret).request(
-        "GET", "/query?" + urllib.parse.urlencode({"id": query_id}), headers={RUN_HEADER: task_run()})
+    client = _DriverClient(url, secret)
+    try:
+        return client.request("GET", "/query?" + urllib.parse.urlencode({"id": query_id}),
+                              headers={RUN_HEADER: task_run()})
+    finally:
+        client.close()
 
 
 _LOCATIONS: dict[tuple[str, str], str] = {}
