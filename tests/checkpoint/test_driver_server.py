@@ -414,6 +414,26 @@ def test_authenticated_connections_keep_the_reserved_slots():
         server.shutdown()
 
 
+def test_an_idle_kept_alive_connection_makes_room_when_every_slot_is_taken():
+    """Every slot held by executors' kept-alive connections waiting for their next request: a
+    new executor connection is served, the connection idle the longest is closed (its client
+    opens a new one when it needs it)."""
+    server = JobManagerServer("127.0.0.1", idle_timeout=30, max_connections=4)
+    secret = server.new_secret()
+    kept = _hold(server, 4, trickling=False)
+    try:
+        for sock in kept:
+            assert _served(sock, secret).startswith(b"HTTP/1.1 404")
+        store = RemoteBlobStore(server.url, secret, "job")
+        store.put("k", b"v")
+        assert store.get("k") == b"v"
+        assert not _open(kept[0]) and all(_open(sock) for sock in kept[2:])
+    finally:
+        for sock in kept:
+            sock.close()
+        server.shutdown()
+
+
 def test_clients_that_hang_up_end_quietly(capfd):
     """A client resetting its connection before its request, or while its reply is written:
     the server goes on serving and prints nothing (no traceback)."""
