@@ -64,6 +64,18 @@ def _start(spark, tmp_path, sinks):
     return [a, b]
 
 
+def _finish(queries, seconds: float = 600) -> None:
+    """Wait for ``queries`` to end; stopped and failed if they take more than ``seconds`` (as
+    they did when the clients kept executors out of the server)."""
+    end = time.monotonic() + seconds
+    try:
+        for query in queries:
+            assert query.awaitTermination(max(1, end - time.monotonic())), "the query did not finish"
+    finally:
+        for query in queries:
+            query.stop()
+
+
 def test_two_queries_finish_exact_beside_400_slow_clients(spark, tmp_path):
     server = serving(spark)
     host, port = server.url[len("http://"):].split(":")
@@ -78,20 +90,18 @@ def test_two_queries_finish_exact_beside_400_slow_clients(spark, tmp_path):
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         sampler.start()
-        time.sleep(3)  # the clients hold their connections before the queries start
+        assert attackers.stdout.readline().strip() == "ready"  # every client had its connection
         started = time.monotonic()
-        for query in _start(spark, tmp_path, sinks):
-            query.awaitTermination()
+        _finish(_start(spark, tmp_path, sinks))
         frames = [pd.concat([frames[0], write_inputs(str(tmp_path / "in-a"), 4, 4)]),
                   pd.concat([frames[1], write_inputs(str(tmp_path / "in-b"), 24, 4)])]
-        for query in _start(spark, tmp_path, sinks):  # both started again: a new run each
-            query.awaitTermination()
+        _finish(_start(spark, tmp_path, sinks))  # both started again: a new run each
         elapsed = time.monotonic() - started
     finally:
         out, _ = attackers.communicate("", timeout=60)
         sampler.done.set()
         sampler.join()
-    counts = json.loads(out)
+    counts = json.loads(out.strip().splitlines()[-1])
     rss = [s[0] for s in sampler.samples]
     figures = {"seconds": round(elapsed, 1), "rss_baseline_mb": round(baseline, 1),
                "rss_max_mb": round(max(rss), 1), "rss_end_mb": round(rss[-1], 1),
