@@ -23,6 +23,8 @@ import io
 import logging
 import os
 import socket
+import socketserver
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -130,7 +132,8 @@ class GuardedServer(ThreadingHTTPServer):
     machine's name server for a cluster address)."""
 
     daemon_threads = True
-    request_queue_size = socket.SOMAXCONN  # a burst of connections waits in the kernel, not for SYN retries
+    #: a burst of connections waits in the kernel's queue, not for SYN retries (the default is 5)
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(self, address: tuple[str, int], handler: Any, *, max_connections: int,
                  reserved: int, per_address: int, idle_timeout: float,
@@ -145,8 +148,6 @@ class GuardedServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
     def server_bind(self) -> None:
-        import socketserver
-
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
@@ -244,8 +245,6 @@ class GuardedServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hung up (reset, broken pipe, a read past its deadline) ends its
         connection quietly; anything else is logged, never printed."""
-        import sys
-
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError | HTTPException):
             log.debug("driver server: connection from %s ended: %r", client_address, exc)
