@@ -113,12 +113,16 @@ class _DriverClient:
 
 
 def task_run() -> str:
-    """The id of the run of the streaming query whose task calls ('' outside a task): Spark makes
-    it the job group of every batch of the run, and the driver's server checks it."""
-    from pyspark import TaskContext
+    """The id of the run of the streaming query the caller works for ('' if none): Spark makes it
+    the job group of every batch of the run, seen by the batch's tasks and, in the driver, by the
+    thread running the batch (a ``foreachBatch`` function).  The driver's server checks it."""
+    from pyspark import SparkContext, TaskContext
 
     context = TaskContext.get()
-    return (context.getLocalProperty(RUN_PROPERTY) or "") if context is not None else ""
+    if context is not None:
+        return context.getLocalProperty(RUN_PROPERTY) or ""
+    driver = SparkContext._active_spark_context
+    return (driver.getLocalProperty(RUN_PROPERTY) or "") if driver is not None else ""
 
 
 class RemoteBlobStore(BlobStore):
@@ -240,7 +244,7 @@ def serving(spark: Any) -> JobManagerServer:
             if all(s is not spark for s in _SESSIONS):
                 _SESSIONS.insert(0, spark)
         server.current_run = query_run
-        server.locate = query_checkpoint_root
+        server.locate = _query_root
     return server
 
 
@@ -267,10 +271,18 @@ def query_run(query_id: str) -> str | None:
     return None if jquery is None else str(jquery.runId().toString())
 
 
-def query_checkpoint_root(query_id: str) -> str | None:
+def _query_root(query_id: str) -> str | None:
     """Where the running query ``query_id`` keeps its Spark checkpoint, or None."""
     jquery = _running_query(query_id)
     return None if jquery is None else str(jquery.streamingQuery().resolvedCheckpointRoot())
+
+
+def query_checkpoint_root(spark: Any, query_id: str) -> str | None:
+    """Where the running query ``query_id`` of ``spark`` keeps its Spark checkpoint, or None."""
+    jquery = spark._jsparkSession.streams().get(query_id)
+    if jquery is None:
+        return None
+    return str(jquery.streamingQuery().resolvedCheckpointRoot())
 
 
 def fsspec_url(hadoop_path: str) -> str:
