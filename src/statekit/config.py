@@ -160,6 +160,10 @@ OPTIONS: tuple[Option, ...] = (
            ("state.backend.fs.write-buffer-size", "execution.checkpointing.write-buffer-size")),
     Option("state.checkpoint-storage.jobmanager.max-state-size", _POS_SIZE, "5 mb",
            "JobManager storage: the largest state a checkpoint may hold, per state."),
+    Option("state.checkpoint-storage.jobmanager.max-total-size", _POS_SIZE, "256 mb",
+           "JobManager storage on Spark: the most bytes one operator of one query may keep in "
+           "the driver's memory, all its checkpoints together (a quarter of Flink's default "
+           "JobManager heap)."),
     Option("state.backend.max-key-size", _POS_SIZE, "(unlimited)", "Largest serialized key.", described=True),
     Option("state.backend.max-value-size", _POS_SIZE, "(unlimited)",
            "Largest serialized value (list element, map entry).", described=True),

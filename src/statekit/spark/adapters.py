@@ -77,7 +77,7 @@ def resolve(conf: Mapping[str, Any], spark: Any = None, operator_id: str | None 
     else:
         storage = backend.default_checkpoint_storage() or QueryCheckpointStorage.start(spark, conf)
     if isinstance(storage, JobManagerCheckpointStorage) and storage.get_checkpoint_path() is None:
-        storage = DriverCheckpointStorage.start(storage, spark, area=operator_id)
+        storage = DriverCheckpointStorage.start(storage, spark, area=operator_id, conf=conf)
     return backend, storage
 
 

@@ -3,14 +3,19 @@
 Executors reach it with a secret created per query definition.  The server is exposed on the
 driver's address, so it treats every request as untrusted:
 
-- a secret reaches only its own area: every key it reads, writes, lists or deletes lies under a
-  private prefix the server chose for it, so one operator can neither see nor touch another's
-  blobs.  Definitions of the same operator (its operator id) share an area: a query stopped and
-  started again in the same driver is a new definition that must find its state;
+- a secret made for an operator reaches only the area of *(query id, operator id)*, for a query
+  its request proves it runs in: the request names the query and its run id (Spark's id of the
+  query's current run, which only the query's tasks carry), and the driver confirms that run.  So
+  a query stopped and started again in the same driver (a new definition, a new secret, the same
+  query id) finds its state, and another query with an operator of the same name does not.  A
+  secret made without an operator has a private area;
+- ``/query`` tells the checkpoint location of a query only to a request that runs in it;
+- each area holds at most its secret's quota of bytes (507 beyond);
 - ``Content-Length`` must be plain ASCII digits (else 400, 411 when a body is missing it); a body
   over the frame limit gets 413 and the connection is closed without reading the body;
-- a connection idle for ``idle_timeout`` seconds is closed, and at most ``max_connections`` are
-  served at once (others get 503 and are closed), so half-sent requests cannot pin threads;
+- deadlines per request, slots per client address and a reserve for authenticated connections
+  (:mod:`statekit.spark.connections`): connections held by trickling or silence cannot keep
+  executors out, and a client that hangs up ends its connection quietly;
 - every malformed request (header, token, key, range, method) is answered with a 4xx, never a
   dropped connection with a traceback.
 """
@@ -18,26 +23,38 @@ driver's address, so it treats every request as untrusted:
 from __future__ import annotations
 
 import hmac
+import io
 import re
 import secrets
-import socketserver
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from statekit import config as cfg
 from statekit.checkpoint.blobstore.base import check_key
 from statekit.checkpoint.blobstore.memory import MemoryBlobStore
 from statekit.errors import CheckpointNotFoundError, UnsafePathError
+from statekit.spark.connections import Connection, DeadlineReader, GuardedServer
 
 #: Flink's RPC frame limit: the largest request body the server accepts
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 TOKEN_HEADER = "X-Statekit-Token"  # noqa: S105 (a header name)
-#: seconds a connection may stay silent (between requests or within one)
+QUERY_HEADER = "X-Statekit-Query"
+RUN_HEADER = "X-Statekit-Run"
+#: seconds a connection may wait between requests
 IDLE_TIMEOUT = 30.0
-#: connections served at once
+#: connections served at once, of which a quarter (by default) only for connections that showed
+#: a valid secret
 MAX_CONNECTIONS = 128
+#: connections one client address may hold before showing a secret
+PER_ADDRESS = 32
+#: seconds a confirmed run of a query is trusted before the driver is asked again
+RUN_TTL = 10.0
+QUOTA_KEY = "state.checkpoint-storage.jobmanager.max-total-size"
 
 _LENGTH = re.compile(r"[0-9]{1,19}")
 _RANGE = re.compile(r"bytes=([0-9]{1,19})-([0-9]{0,19})")
@@ -51,22 +68,47 @@ class _Refused(Exception):
         self.status = status
 
 
+@dataclass(frozen=True)
+class _Grant:
+    """What one secret may do: the operator whose areas it reaches, and their quota."""
+
+    operator_id: str | None
+    quota: int
+    private: str  # the area of a secret made without an operator
+
+
 class JobManagerServer:
-    """The driver-side blob server (one per driver process, many query secrets)."""
+    """The driver-side blob server (one per driver process, many query secrets).
+
+    ``current_run`` (query id → its running run's id) and ``locate`` (query id → its checkpoint
+    location) answer for the driver's queries; :mod:`statekit.spark.jobmanager` sets them to ask
+    Spark.  Without them no query is known: only secrets without an operator can store.
+    """
 
     _instances: dict[str, JobManagerServer] = {}
     _lock = threading.Lock()
 
     def __init__(self, host: str = "127.0.0.1", max_request_bytes: int = MAX_REQUEST_BYTES,
                  advertise: str | None = None, *, idle_timeout: float = IDLE_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 request_timeout: float | None = None, max_connections: int = MAX_CONNECTIONS,
+                 reserved: int | None = None, per_address: int = PER_ADDRESS,
+                 quota: int | None = None) -> None:
         self.store = MemoryBlobStore()
         self.max_request_bytes = max_request_bytes
-        self._areas: dict[bytes, str] = {}  # secret -> the private prefix of its blobs
-        self._named: dict[str, str] = {}  # operator id -> its private prefix
+        #: the quota of secrets made without one (bytes per area)
+        self.quota = int(quota if quota is not None else cfg.default(QUOTA_KEY))
         self.locate: Callable[[str], str | None] = lambda query_id: None
-        self._httpd = _Server((host, 0), _handler(self, idle_timeout), max_connections)
-        self._httpd.daemon_threads = True
+        self.current_run: Callable[[str], str | None] = lambda query_id: None
+        self._grants: dict[bytes, _Grant] = {}
+        self._named: dict[tuple[str, str], str] = {}  # (query id, operator id) -> its area
+        self._used: dict[str, int] = {}  # area -> bytes it holds
+        self._runs: dict[str, tuple[str, float]] = {}  # query id -> (confirmed run, when)
+        self._state = threading.Lock()
+        self._httpd = GuardedServer(
+            (host, 0), _handler(self), max_connections=max_connections,
+            reserved=max_connections // 4 if reserved is None else reserved,
+            per_address=per_address, idle_timeout=idle_timeout,
+            request_timeout=request_timeout if request_timeout is not None else idle_timeout)
         self.url = f"http://{advertise or host}:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="statekit-jobmanager",
                                         daemon=True)
@@ -84,44 +126,128 @@ class JobManagerServer:
                 server = cls._instances[bind] = JobManagerServer(bind, advertise=advertise)
             return server
 
-    def new_secret(self, area: str | None = None) -> str:
-        """A secret for one query definition: with its own area of the store, or with the area
-        of ``area`` (an operator id) shared by every definition of that operator."""
+    def new_secret(self, operator_id: str | None = None, quota: int | None = None) -> str:
+        """A secret for one query definition: for the areas of operator ``operator_id`` in the
+        queries it runs in (each area holding at most ``quota`` bytes), or, without an operator,
+        for an area of its own."""
         secret = secrets.token_urlsafe(24)
-        with self._lock:
-            prefix = f"q{secrets.token_hex(8)}"
-            if area is not None:
-                prefix = self._named.setdefault(area, prefix)
-            self._areas[secret.encode()] = prefix
+        grant = _Grant(operator_id, int(quota if quota is not None else self.quota),
+                       f"s{secrets.token_hex(8)}")
+        with self._state:
+            self._grants[secret.encode()] = grant
         return secret
 
-    def area(self, token: bytes) -> str | None:
-        """The area of the secret ``token`` (compared in constant time), or None."""
+    def grant(self, token: bytes) -> _Grant | None:
+        """The grant of the secret ``token`` (compared in constant time), or None."""
         found = None
-        for secret, area in list(self._areas.items()):
+        for secret, grant in list(self._grants.items()):
             if hmac.compare_digest(token, secret):
-                found = area
+                found = grant
         return found
 
-    def raw_key(self, secret: str, key: str) -> str:
-        """Where the server keeps ``key`` of ``secret`` (tests reach the driver's memory)."""
-        return f"{self._areas[secret.encode()]}/{key}"
+    def runs(self, query_id: str, run: str) -> bool:
+        """Whether ``run`` is the running run of query ``query_id`` (asked of the driver, trusted
+        for :data:`RUN_TTL` seconds)."""
+        if not query_id or not run:
+            return False
+        now = time.monotonic()
+        with self._state:
+            known = self._runs.get(query_id)
+        if known is not None and now - known[1] < RUN_TTL \
+                and hmac.compare_digest(known[0].encode(), run.encode()):
+            return True
+        try:
+            current = self.current_run(query_id)  # JVM calls: not under the lock
+        except Exception as exc:  # report (the client retries), never crash
+            raise _Refused(503, f"cannot ask the driver about query {query_id!r}: {exc}") from exc
+        if current is None:
+            return False
+        with self._state:
+            if len(self._runs) > 10_000:
+                self._runs.clear()
+            self._runs[query_id] = (current, now)
+        return hmac.compare_digest(current.encode(), run.encode())
+
+    def area(self, grant: _Grant, query_id: str) -> str:
+        """The area of ``grant`` in query ``query_id`` (created on first use)."""
+        if grant.operator_id is None:
+            return grant.private
+        with self._state:
+            return self._named.setdefault((query_id, grant.operator_id), f"q{secrets.token_hex(8)}")
+
+    def raw_key(self, secret: str, key: str, query_id: str = "") -> str:
+        """Where the server keeps ``key`` of ``secret`` in query ``query_id`` (tests reach the
+        driver's memory)."""
+        return f"{self.area(self._grants[secret.encode()], query_id)}/{key}"
+
+    def used(self, area: str) -> int:
+        """Bytes the area ``area`` holds."""
+        with self._state:
+            return self._used.get(area, 0)
+
+    def put(self, area: str, key: str, data: bytes, quota: int) -> None:
+        """Store ``data`` at ``key`` of ``area``, unless the area would pass ``quota`` bytes."""
+        with self._state:
+            try:
+                old = self.store.size(key)
+            except CheckpointNotFoundError:
+                old = 0
+            total = self._used.get(area, 0) - old + len(data)
+            if total > quota and len(data) > old:
+                raise _Refused(507, f"this query's operator holds {self._used.get(area, 0)} bytes "
+                                    f"in the driver's memory; {len(data)} more would pass its "
+                                    f"quota of {quota} bytes ({QUOTA_KEY})")
+            self.store.put(key, data)
+            self._used[area] = total
+
+    def delete(self, area: str, key: str) -> None:
+        with self._state:
+            try:
+                size = self.store.size(key)
+            except CheckpointNotFoundError:
+                return
+            self.store.delete(key)
+            self._used[area] = max(0, self._used.get(area, 0) - size)
+
+    def connections(self) -> tuple[int, int]:
+        """``(anonymous, authenticated)`` connections open now."""
+        return self._httpd.open_connections()
 
     def shutdown(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
 
 
-def _handler(server: JobManagerServer, idle_timeout: float) -> type[BaseHTTPRequestHandler]:
+def _handler(server: JobManagerServer) -> type[BaseHTTPRequestHandler]:
     """The request handler class of ``server``."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         default_request_version = "HTTP/1.1"  # a garbled request line gets a status line too
-        timeout = idle_timeout  # every read of the socket: an idle client is dropped
+        httpd: GuardedServer
+        conn: Connection
+        reader: DeadlineReader
+
+        def setup(self) -> None:
+            super().setup()
+            self.httpd = self.server  # type: ignore[assignment]
+            self.conn = self.httpd.connection(self.request)
+            self.reader = DeadlineReader(self.conn, self.httpd.idle_timeout,
+                                         self.httpd.request_timeout)
+            self.rfile.close()
+            self.rfile = io.BufferedReader(self.reader)
+
+        def handle_one_request(self) -> None:
+            self.reader.next_request()
+            super().handle_one_request()
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            # the reply has the whole request deadline, whatever the reads left of it
+            self.connection.settimeout(self.httpd.request_timeout)
+            super().send_response(code, message)
 
         def send_error(self, code: int, message: str | None = None, explain: str | None = None
                        ) -> None:
@@ -138,20 +264,33 @@ def _handler(server: JobManagerServer, idle_timeout: float) -> type[BaseHTTPRequ
             if self.command != "HEAD":
                 self.wfile.write(body)
 
-        def _serve(self, action: Callable[[str], None]) -> None:
-            """Authenticate, then run ``action(area)``; a refusal or a malformed request is
+        def _serve(self, action: Callable[[_Grant], None]) -> None:
+            """Authenticate, then run ``action(grant)``; a refusal or a malformed request is
             answered with a 4xx and the connection closed."""
             try:
                 if self.headers.defects:  # e.g. a header line without a colon
                     raise _Refused(400, f"malformed headers: {self.headers.defects[0]!r}")
-                area = server.area(self.headers.get(TOKEN_HEADER, "").encode("latin-1", "replace"))
-                if area is None:
+                grant = server.grant(self._header(TOKEN_HEADER).encode("latin-1", "replace"))
+                if grant is None:
                     raise _Refused(403, "bad token")
-                action(area)
+                self.httpd.authenticated(self.conn)
+                action(grant)
             except _Refused as exc:
                 self._reply(exc.status, str(exc).encode(), close=True)
             except (ValueError, UnicodeError, UnsafePathError) as exc:
                 self._reply(400, f"malformed request: {exc}".encode(), close=True)
+
+        def _header(self, name: str) -> str:
+            return (self.headers.get(name) or "").strip()
+
+        def _area(self, grant: _Grant) -> str:
+            """The area this request reaches: its grant's in the query it proves it runs in."""
+            if grant.operator_id is None:
+                return grant.private
+            query_id = self._header(QUERY_HEADER)
+            if not server.runs(query_id, self._header(RUN_HEADER)):
+                raise _Refused(403, f"not a task of a running query {query_id!r} of this driver")
+            return server.area(grant, query_id)
 
         def _key(self, area: str) -> str:
             path = urllib.parse.urlparse(self.path).path
@@ -175,25 +314,29 @@ def _handler(server: JobManagerServer, idle_timeout: float) -> type[BaseHTTPRequ
             return length
 
         def do_PUT(self) -> None:
-            def put(area: str) -> None:
+            def put(grant: _Grant) -> None:
                 if self.headers.get("Transfer-Encoding"):
                     raise _Refused(400, "chunked bodies are not accepted")
-                length, key = self._length(), self._key(area)
+                length = self._length()
+                area = self._area(grant)
+                key = self._key(area)
+                self.reader.allow(length)
                 data = self.rfile.read(length)
                 if len(data) != length:
                     raise _Refused(400, "the body ended early")
-                server.store.put(key, data)
+                server.put(area, key, data, grant.quota)
                 self._reply(204)
 
             self._serve(put)
 
         def do_GET(self) -> None:
-            def get(area: str) -> None:
+            def get(grant: _Grant) -> None:
                 parsed = urllib.parse.urlparse(self.path)
                 query = urllib.parse.parse_qs(parsed.query, errors="strict")
                 if parsed.path == "/query":
                     self._locate(query.get("id", [""])[0])
                     return
+                area = self._area(grant)
                 if parsed.path == "/list":
                     prefix = f"{area}/{query.get('prefix', [''])[0]}"
                     strip = len(area) + 1
@@ -218,6 +361,9 @@ def _handler(server: JobManagerServer, idle_timeout: float) -> type[BaseHTTPRequ
             self._serve(get)
 
         def _locate(self, query_id: str) -> None:
+            """The checkpoint location of ``query_id``, to a task of that query only."""
+            if not server.runs(query_id, self._header(RUN_HEADER)):
+                raise _Refused(403, f"not a task of a running query {query_id!r} of this driver")
             try:
                 location = server.locate(query_id)
             except Exception as exc:  # the lookup runs JVM calls: report, never crash
@@ -226,55 +372,18 @@ def _handler(server: JobManagerServer, idle_timeout: float) -> type[BaseHTTPRequ
             self._reply(200 if location else 404, (location or "").encode())
 
         def do_HEAD(self) -> None:
-            self._serve(lambda area: self._reply(200 if server.store.exists(self._key(area))
-                                                 else 404))
+            self._serve(lambda grant: self._reply(
+                200 if server.store.exists(self._key(self._area(grant))) else 404))
 
         def do_DELETE(self) -> None:
-            def delete(area: str) -> None:
-                server.store.delete(self._key(area))
+            def delete(grant: _Grant) -> None:
+                area = self._area(grant)
+                server.delete(area, self._key(area))
                 self._reply(204)
 
             self._serve(delete)
 
     return Handler
-
-
-class _Server(ThreadingHTTPServer):
-    """Serves at most ``max_connections`` connections at once, and binds without the reverse
-    DNS lookup of the address that ``HTTPServer`` makes (a query to the machine's name server for
-    a cluster address)."""
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int) -> None:
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
-
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            try:
-                request.settimeout(1.0)
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
 
 
 def _driver_address(spark: Any) -> tuple[str, str]:
