@@ -8,6 +8,7 @@ part), so every advance finds ``n`` timers pending.
 
 from __future__ import annotations
 
+import heapq
 import shutil
 import statistics
 import time
@@ -61,6 +62,8 @@ def fill(queue: Any, n: int) -> float:
 class ServiceCase:
     """``n`` timers in a backend's event-time queue, fired through ``InternalTimerService``."""
 
+    series = "statekit"
+
     def __init__(self, kind: str, n: int, workdir: Path) -> None:
         from statekit.backends.timers import EVENT_TIMERS
         from statekit.runtime.timers import InternalTimerService, TimeDomain
@@ -95,6 +98,8 @@ class ServiceCase:
 
 class HarnessCase:
     """``n`` timers of a :class:`Rearm` function in a test harness, fired by watermarks."""
+
+    series = "statekit"
 
     def __init__(self, kind: str, n: int, workdir: Path) -> None:
         from statekit import Types
@@ -147,34 +152,62 @@ def rearm_function(period: int) -> Any:
     return Rearm()
 
 
+class RawHeapCase:
+    """The baseline of the heap queues: ``heapq`` over ``(timestamp, sequence, key)`` tuples, the
+    entries ``HeapTimerQueue`` keeps, popped and pushed the same way with nothing around them."""
+
+    series = "heapq"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.heap = [(ts, key, key) for key, ts in enumerate(timestamps(n))]
+        heapq.heapify(self.heap)
+        self.watermark = -1
+
+    def advance(self, step: int) -> tuple[float, int]:
+        heap, pop = self.heap, heapq.heappop
+        fired = []
+        t0 = time.perf_counter()
+        self.watermark += step
+        while heap and heap[0][0] <= self.watermark:
+            fired.append(pop(heap))
+        seconds = time.perf_counter() - t0
+        for ts, seq, key in fired:
+            heapq.heappush(heap, (ts + self.n, seq, key))
+        return seconds, len(fired)
+
+    def close(self) -> None:
+        self.heap = []
+
+
 def interleaved_advances(cases: list[Any], step_of: Callable[[int], int], *, rounds: int,
-                         warmup: int = 1) -> dict[int, dict[str, Any]]:
+                         warmup: int = 1) -> dict[str, dict[int, dict[str, Any]]]:
     """``rounds`` advances of every case, the cases in a rotating order within each round (the
-    machine is shared: sizes compared round by round see the same load).  Per size: the median
-    seconds per advance and per fired timer, and per round the ratio of each size's time to the
-    smallest size's."""
-    times: dict[int, list[float]] = {c.n: [] for c in cases}
-    fired: dict[int, list[int]] = {c.n: [] for c in cases}
+    machine is shared: sizes compared round by round see the same load).  Per series (a case's
+    ``series``) and size: the median seconds per advance and per fired timer, and the median of
+    the per-round ratios of each size's time to the series' smallest size's."""
+    times: dict[tuple[str, int], list[float]] = {(c.series, c.n): [] for c in cases}
+    fired: dict[tuple[str, int], list[int]] = {(c.series, c.n): [] for c in cases}
     for r in range(warmup + rounds):
         shift = r % len(cases)
         for case in cases[shift:] + cases[:shift]:
             seconds, count = case.advance(step_of(case.n))
             if r >= warmup:
-                times[case.n].append(seconds)
-                fired[case.n].append(count)
-    smallest = min(times)
-    out: dict[int, dict[str, Any]] = {}
-    for n, ts in times.items():
-        per_timer = [s / max(c, 1) for s, c in zip(ts, fired[n], strict=True)]
-        out[n] = {
+                times[case.series, case.n].append(seconds)
+                fired[case.series, case.n].append(count)
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for (series, n), ts in times.items():
+        low = (series, min(m for s, m in times if s == series))
+        per_timer = [s / max(c, 1) for s, c in zip(ts, fired[series, n], strict=True)]
+        out.setdefault(series, {})[n] = {
             "advance_s": round(statistics.median(ts), 6),
-            "fired_per_advance": round(statistics.median(fired[n])),
+            "fired_per_advance": round(statistics.median(fired[series, n])),
             "us_per_timer": round(statistics.median(per_timer) * 1e6, 3),
             "advance_ratio_to_smallest": round(statistics.median(
-                [a / b for a, b in zip(ts, times[smallest], strict=True)]), 3),
+                [a / b for a, b in zip(ts, times[low], strict=True)]), 3),
             "per_timer_ratio_to_smallest": round(statistics.median(
                 [(a / max(c, 1)) / (b / max(d, 1)) for a, c, b, d in
-                 zip(ts, fired[n], times[smallest], fired[smallest], strict=True)]), 3),
+                 zip(ts, fired[series, n], times[low], fired[low], strict=True)]), 3),
             "rounds": len(ts),
         }
     return out
