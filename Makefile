@@ -45,7 +45,8 @@ bench-quick: $(STAMP)  ## < 3 min, no timing assertions (CI): benchmarks/results
 	STATEKIT_BENCH_QUICK=1 $(BENCH_PYTEST) --benchmark-json=benchmarks/results/quick.json \
 		$(BENCH_QUICK_ARGS) $(BENCH_ARGS); status=$$?; \
 	$(PY) -m benchmarks.report benchmarks/results/quick.json --command "make bench-quick" \
-		--spark benchmarks/results/spark-quick.json --out benchmarks/results/quick.md \
+		--spark benchmarks/results/spark-quick.json \
+		--spark-sessions benchmarks/results/spark-sessions-quick.json --out benchmarks/results/quick.md \
 		--img-dir benchmarks/results/img-quick; exit $$status
 
 docs: $(STAMP)  ## the documentation site in site/ (MkDocs, strict: a broken link fails)

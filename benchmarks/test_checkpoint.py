@@ -117,14 +117,17 @@ class Case:
         fresh = self.make(f"{name}-restore-{time.monotonic_ns()}", incremental=False)
         t0 = time.perf_counter()
         fresh.restore([handle], self.access[name].reader())
-        state = fresh.get_partitioned_state(self.desc)  # heap deserializes on registration
-        fresh.set_current_key(self.keys - 1)
-        got = state.value()
+        self.ready(fresh)
         seconds = time.perf_counter() - t0
-        assert got is not None
         fresh.dispose()
         return {"restore_s": round(seconds, 4), "bytes": nbytes,
                 "read_mb_s": round(nbytes / seconds / 1e6, 1)}
+
+    def ready(self, fresh: Any) -> None:
+        """Make the restored state usable (the heap deserializes on registration), checked."""
+        state = fresh.get_partitioned_state(self.desc)
+        fresh.set_current_key(self.keys - 1)
+        assert state.value() is not None
 
     def close(self) -> None:
         for backend in self.backends.values():

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from statekit.backends.timers import lists_rising
 from statekit.serde.types import serializer_from_config
 
 #: ``check(items)``: why a list of plain items does not fit a type, or None
@@ -57,7 +58,7 @@ def _timers(values: list[Any], item: ItemCheck, user_key: ItemCheck) -> str | No
         return problem
     if not set(map(type, itertools.chain.from_iterable(values))) <= {int}:
         return "a timer is not an integer timestamp"
-    if any(a > b for value in values for a, b in itertools.pairwise(value)):
+    if not lists_rising(values, strict=False):
         return "a key's timers are not in ascending order"
     return None
 

@@ -150,20 +150,8 @@ class KeyedOperator:
             if produced is not None:
                 out.extend(produced)
 
-    def take_due(self, now: int) -> list[tuple[Any, int, TimeDomain]]:
-        """Remove the timers due now (both domains, in timestamp order): one timer for a
-        per-element function, all of them for a vectorized one (its next ``on_timers`` frame)."""
-        timers = self.timers
-        if not self.vectorized:
-            timer = timers.poll(now)
-            return [] if timer is None else [timer]
-        due = []
-        while (timer := timers.poll(now)) is not None:
-            due.append(timer)
-        return due
-
     def fire(self, timers: list[tuple[Any, int, TimeDomain]], out: list[Any]) -> None:
-        """Run the function for timers :meth:`take_due` removed."""
+        """Run the function for timers already removed from their queues."""
         if self.vectorized:
             self._call_on_timers(timers, out)
             return

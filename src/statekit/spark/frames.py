@@ -45,13 +45,22 @@ def frame_rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     if not width or not frame.columns.is_unique:
         return list(frame.itertuples(index=False, name=None))
     column = getattr(frame, "_get_column_array", None)  # the column's values, no Series built
-    arrays = [column(i) for i in range(width)] if column is not None else []
-    if column is None or not all(type(a) is np.ndarray and a.dtype.kind not in _TIMES
-                                 for a in arrays):
-        # extension arrays (nullable, datetimes, categoricals) and numpy datetimes: iteration
-        # and tolist() disagree (tolist() gives datetime64[ns] as int nanoseconds)
+    values = [_column_values(column(i)) for i in range(width)] if column is not None else [None]
+    if any(v is None for v in values):
         return list(frame.itertuples(index=False, name=None))
-    return list(zip(*[a.tolist() for a in arrays], strict=True))
+    return list(zip(*values, strict=True))  # type: ignore[arg-type]
+
+
+def _column_values(array: Any) -> list[Any] | None:
+    """A column's values as pandas' own iteration (``itertuples``, a Series) gives them: numpy
+    values through ``tolist()``; pandas' extension arrays (datetimes, nullable numbers,
+    categoricals, strings) by iterating the array, as a Series does; None for numpy datetimes
+    (``tolist()`` gives them as ints) and anything else."""
+    if type(array) is np.ndarray:
+        return array.tolist() if array.ndim == 1 and array.dtype.kind not in _TIMES else None
+    if isinstance(array, pd.api.extensions.ExtensionArray):
+        return list(array)
+    return None
 
 
 def rows_frame(rows: Sequence[Sequence[Any]], columns: list[str]) -> pd.DataFrame:
@@ -121,13 +130,17 @@ def _pyspark_source(frames: Any) -> tuple[str, Any, Any] | None:
 
 
 def _columns_rows(columns: list[Any]) -> list[tuple[Any, ...]] | None:
-    """Rows of equally long numpy-backed columns (Series or arrays); None for anything else."""
+    """Rows of equally long columns (Series or arrays), their values as :func:`_column_values`
+    reads them; None for anything else."""
     values = []
     for c in columns:
-        array = c.to_numpy() if isinstance(c, pd.Series) and isinstance(c.dtype, np.dtype) else c
-        if type(array) is not np.ndarray or array.ndim != 1 or array.dtype.kind in _TIMES:
+        if isinstance(c, pd.Series):  # its values as a Series holds them (datetimes boxed)
+            plain = isinstance(c.dtype, np.dtype) and c.dtype.kind not in _TIMES
+            c = c.to_numpy() if plain else c.array
+        column = _column_values(c)
+        if column is None:
             return None
-        values.append(array.tolist())
+        values.append(column)
     if not values or len({len(v) for v in values}) != 1:
         return None
     return list(zip(*values, strict=True))

@@ -37,13 +37,15 @@ def _patch_client(handle: Any, task: PartitionTask | None, time_mode: str) -> No
         return
 
     def next_due(iterator_id: str, expiry_timestamp: int) -> tuple[Any, int, bool]:
+        # every due timer fires in this first call, and the one handleExpiredTimer call PySpark
+        # then makes yields all their output as one frame: a call, a round trip for the time and
+        # an output frame per timer cost more than the timers' own work
         processing, watermark = client.get_timestamps(time_mode)
         task.set_time(int(processing), watermark_of(watermark))
-        due = task.op.take_due(task.clock.now)
-        if not due:
+        task.firing = task.fire_due()
+        if not task.firing:
             raise StopIteration
-        task.firing = due
-        return due[0][0], due[0][1], False
+        return None, task.clock.now, True  # the last one: PySpark asks no further
 
     client.get_expiry_timers_iterator = next_due
     client.delete_timer = _no_implicit_key  # statekit removed the timer when it fired
@@ -130,8 +132,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                                ) -> Iterator[Any]:
             task = self.task
             assert task is not None
-            out: list[Any] = []
-            task.op.fire(task.firing, out)  # what the timer phase's iterator took (see above)
+            out, task.firing = task.firing, None  # what the timer phase's iterator fired
             yield from _frames(out, spec)
 
         def close(self) -> None:

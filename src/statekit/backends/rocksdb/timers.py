@@ -6,9 +6,13 @@ savepoints and the inspection tools read it as each key's list of timestamps.  T
 ``_timer_state/<queue>/by-time`` holds ``key group + timestamp + key``, so within a key group the
 earliest timer is the first entry from the group's prefix (Flink's RocksDB timer service orders
 its column family the same way).  Timestamps are 8 bytes, big-endian, offset by 2**63 so that
-byte order is numeric order.  In memory the queue keeps each key group's earliest timestamp and a
-binary heap over them: finding the next due timer is O(1) and firing one is a seek, two deletes
-and a step of the iterator.
+byte order is numeric order.  In memory the queue keeps each key group's earliest entry and a
+binary heap over their timestamps: finding the next due timer is O(1), and firing one is two
+deletes and one seek, from the fired entry, for the group's next one.
+
+Seeking from the fired entry, bounded by the key group's end, matters: the deletes leave
+tombstones at the head of the index until compaction drops them, and a seek from the group's
+prefix would step over every timer fired since, making each fire slower than the last.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from rocksdict import WriteBatch
+from rocksdict import ReadOptions, WriteBatch
 
 from statekit.backends.timers import TIMERS_KIND, TimerQueue, timer_state_name
 from statekit.serde.msgpack import packb
@@ -64,7 +68,9 @@ class RocksDBTimerQueue(TimerQueue):
         self._b = backend
         self.state_name = timer_state_name(name)
         self._heads: dict[int, int] = {}  # key group -> its earliest timestamp
+        self._head_keys: dict[int, bytes] = {}  # key group -> its earliest entry in the index
         self._order: list[tuple[int, int]] = []  # (timestamp, key group), stale entries skipped
+        self._bounds: dict[int, ReadOptions] = {}  # key group -> reads that stop at its end
         self.bind()
         self._scan_heads()
 
@@ -88,29 +94,34 @@ class RocksDBTimerQueue(TimerQueue):
         while it.valid():
             key = it.key()
             kg = int.from_bytes(key[:2], "big")
-            self._set_head(kg, _ts(key[2:10]))
+            self._set_head(kg, key)
             it.seek((kg + 1).to_bytes(2, "big"))
         del it
 
-    def _set_head(self, kg: int, timestamp: int | None) -> None:
-        if timestamp is None:
+    def _set_head(self, kg: int, entry: bytes | None) -> None:
+        """Key group ``kg``'s earliest index entry is ``entry`` (None: the group has no timers)."""
+        if entry is None:
             self._heads.pop(kg, None)
+            self._head_keys.pop(kg, None)
             return
-        self._heads[kg] = timestamp
-        heapq.heappush(self._order, (timestamp, kg))
+        timestamp = _ts(entry[2:10])
+        self._head_keys[kg] = entry
+        if self._heads.get(kg) != timestamp:
+            self._heads[kg] = timestamp
+            heapq.heappush(self._order, (timestamp, kg))
 
-    def _first_of(self, kg: int) -> tuple[bytes, int] | None:
-        """The serialized key and timestamp of key group ``kg``'s earliest timer."""
-        prefix = kg.to_bytes(2, "big")
-        it = self._time.iter()
-        it.seek(prefix)
+    def _first_from(self, kg: int, start: bytes) -> bytes | None:
+        """The first index entry of key group ``kg`` at or after ``start``, reading no further
+        than the group's end (so neither its fired timers nor the next group's are stepped
+        over)."""
+        bound = self._bounds.get(kg)
+        if bound is None:
+            bound = self._bounds[kg] = ReadOptions()
+            bound.set_iterate_upper_bound((kg + 1).to_bytes(2, "big"))
+        it = self._time.iter(bound)
+        it.seek(start)
         try:
-            if not it.valid():
-                return None
-            key = it.key()
-            if key[:2] != prefix:
-                return None
-            return key[10:], _ts(key[2:10])
+            return it.key() if it.valid() else None
         finally:
             del it
 
@@ -121,24 +132,25 @@ class RocksDBTimerQueue(TimerQueue):
             return False
         batch = WriteBatch(raw_mode=True)
         batch.put(entry, packb(timestamp), self._keys_handle)
-        batch.put(prefix[:2] + entry[-8:] + prefix[2:], b"", self._time_handle)
+        index = prefix[:2] + entry[-8:] + prefix[2:]
+        batch.put(index, b"", self._time_handle)
         self._b._db.write(batch)
         kg = int.from_bytes(prefix[:2], "big")
-        head = self._heads.get(kg)
-        if head is None or timestamp < head:
-            self._set_head(kg, timestamp)
+        head = self._head_keys.get(kg)
+        if head is None or index < head:
+            self._set_head(kg, index)
         return True
 
     def _delete(self, prefix: bytes, timestamp: int) -> None:
         ts8 = _ts8(timestamp)
+        index = prefix[:2] + ts8 + prefix[2:]
         batch = WriteBatch(raw_mode=True)
         batch.delete(prefix + ts8, self._keys_handle)
-        batch.delete(prefix[:2] + ts8 + prefix[2:], self._time_handle)
+        batch.delete(index, self._time_handle)
         self._b._db.write(batch)
         kg = int.from_bytes(prefix[:2], "big")
-        if self._heads.get(kg) == timestamp:
-            first = self._first_of(kg)
-            self._set_head(kg, None if first is None else first[1])
+        if self._head_keys.get(kg) == index:  # the group's next timer follows the deleted one
+            self._set_head(kg, self._first_from(kg, index))
 
     def remove(self, key: Any, timestamp: int) -> bool:
         prefix = self._b.key_prefix(key)
@@ -164,13 +176,10 @@ class RocksDBTimerQueue(TimerQueue):
         top = self._top()
         if top is None or top[0] > limit:
             return None
-        kg = top[1]
-        first = self._first_of(kg)
-        if first is None:  # pragma: no cover - the heads always follow the column family
-            self._set_head(kg, None)
-            return self.poll(limit)
-        kb, timestamp = first
-        self._delete(kg.to_bytes(2, "big") + kb, timestamp)
+        timestamp, kg = top
+        index = self._head_keys[kg]
+        kb = index[10:]
+        self._delete(index[:2] + kb, timestamp)
         return self._b.key_serializer.deserialize(kb), timestamp
 
     def timers_of(self, key: Any) -> list[int]:
