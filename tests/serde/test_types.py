@@ -3,6 +3,7 @@
 import datetime as dt
 import decimal
 import pickle
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given
@@ -65,3 +66,28 @@ def test_pickled_byte_array_is_the_opt_in():
 def test_damaged_bytes_raise_a_typed_error():
     with pytest.raises(SerializationError):
         unpackb(packb([1, 2, 3])[:-1])
+
+
+class Point(NamedTuple):
+    a: int
+    b: str
+
+
+@pytest.mark.parametrize("make", [Types.ROW, Types.TUPLE])
+def test_row_and_tuple_fields_are_nullable(make):
+    ser = make([Types.INT(), Types.STRING()]).get_serializer()
+    assert ser.check((None, "x")) is None and ser.check((1, None)) is None
+    assert ser.deserialize(ser.serialize((None, None))) == (None, None)
+    assert ser.check(("x", None)) is not None  # a present field is still typed
+
+
+def test_named_row_takes_none_fields_a_namedtuple_and_a_spark_row():
+    from pyspark.sql import Row
+
+    ser = Types.ROW_NAMED(["a", "b"], [Types.INT(), Types.STRING()]).get_serializer()
+    assert ser.deserialize(ser.serialize({"a": None, "b": "x"})) == {"a": None, "b": "x"}
+    assert ser.check(Point(1, "x")) is None
+    assert ser.deserialize(ser.serialize(Point(1, None))) == {"a": 1, "b": None}
+    assert ser.deserialize(ser.serialize(Row(a=2, b="y"))) == {"a": 2, "b": "y"}
+    assert ser.check(Point("no", "x")) is not None
+    assert ser.check((1, "x")) is not None  # a plain tuple has no field names

@@ -34,6 +34,13 @@ CASES = [  # (spark.statekit key, value, error type, words the message must hold
     ("pipeline.max-parallelism", "many", ConfigError, ["expected an integer"]),
     ("state.backend.max-key-size", "-5", ConfigError, ["memory size"]),
     ("execution.checkpointing.interval", "nan", ConfigError, ["duration"]),
+    # keys only the local runner acts on: refused, naming what does their job in Spark
+    ("execution.checkpointing.interval", "10 s", ConfigError,
+     ["spark.statekit.execution.checkpointing.interval", "local runner", "trigger"]),
+    ("restart-strategy.type", "fixed-delay", ConfigError, ["spark.task.maxFailures"]),
+    ("state.checkpoints.num-retained", "3", ConfigError, ["state.partition.versions-retained"]),
+    ("execution.checkpointing.mode", "AT_LEAST_ONCE", ConfigError, ["AT_LEAST_ONCE", "exactly once"]),
+    ("parallelism.default", "4", ConfigError, ["spark.sql.shuffle.partitions"]),
 ]
 
 
@@ -57,6 +64,11 @@ def test_bad_conf_argument_fails_at_the_adapter_call(spark, adapter):
         call(spark, adapter, conf={"state.checkpoint.dir": "/tmp/x"})
     with pytest.raises(UnknownPluginError, match=r"^state\.backend\.type"):
         call(spark, adapter, conf={"state.backend.type": "nosuch"})
+
+
+def test_local_only_keys_in_the_conf_argument_are_named_as_written(spark):
+    with pytest.raises(ConfigError, match=r"^execution\.checkpointing\.unaligned.*trigger"):
+        call(spark, "transform_with_state", conf={"execution.checkpointing.unaligned": "true"})
 
 
 def test_foreach_batch_checks_its_arguments(spark):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from statekit.errors import SerializationError
@@ -232,7 +232,8 @@ class MapSerializer(TypeSerializer):
 
 
 class TupleSerializer(TypeSerializer):
-    """A fixed-arity tuple of typed fields (``Types.TUPLE`` and ``Types.ROW``)."""
+    """A fixed-arity tuple of typed fields (``Types.TUPLE`` and ``Types.ROW``); a field may be
+    None, as a Spark struct's fields and Flink's row fields may be null."""
 
     identity = False
 
@@ -242,26 +243,44 @@ class TupleSerializer(TypeSerializer):
         self._name = name
 
     def to_plain(self, value: Any) -> Any:
-        return [f.to_plain(v) for f, v in zip(self.fields, value, strict=True)]
+        return [None if v is None else f.to_plain(v)
+                for f, v in zip(self.fields, value, strict=True)]
 
     def from_plain(self, plain: Any) -> Any:
-        return tuple(f.from_plain(p) for f, p in zip(self.fields, plain, strict=True))
+        return tuple(None if p is None else f.from_plain(p)
+                     for f, p in zip(self.fields, plain, strict=True))
 
     def check(self, value: Any) -> str | None:
         if not isinstance(value, tuple | list) or len(value) != len(self.fields):
             return f"expected a {len(self.fields)}-tuple, got {value!r}"
-        for i, (f, v) in enumerate(zip(self.fields, value, strict=True)):
-            problem = f.check(v)
-            if problem:
-                return f"field {i}: {problem}"
-        return None
+        return _check_fields(enumerate(value), self.fields)
 
     def config(self) -> Any:
         return [self._name, [f.config() for f in self.fields]]
 
 
+def _check_fields(values: Iterable[tuple[Any, Any]], fields: Sequence[TypeSerializer]
+                  ) -> str | None:
+    """The first problem of (name, value) pairs against their fields' serializers (None passes)."""
+    for (name, v), f in zip(values, fields, strict=True):
+        problem = None if v is None else f.check(v)
+        if problem:
+            return f"field {name}: {problem}"
+    return None
+
+
+def _as_dict(value: Any) -> Any:
+    """A NamedTuple or a Spark ``Row`` as the dict of its fields; anything else unchanged."""
+    if isinstance(value, tuple):
+        as_dict = getattr(value, "_asdict", None) or getattr(value, "asDict", None)
+        if as_dict is not None:
+            return as_dict()
+    return value
+
+
 class NamedRowSerializer(TypeSerializer):
-    """A row with named fields, represented in Python as a dict (``Types.ROW_NAMED``)."""
+    """A row with named fields, represented in Python as a dict (``Types.ROW_NAMED``); a
+    NamedTuple or Spark ``Row`` with the same fields is taken too, and a field may be None."""
 
     identity = False
     immutable = False
@@ -271,19 +290,19 @@ class NamedRowSerializer(TypeSerializer):
         self.fields = list(fields)
 
     def to_plain(self, value: Any) -> Any:
-        return [f.to_plain(value[n]) for n, f in zip(self.names, self.fields, strict=True)]
+        value = _as_dict(value)
+        return [None if value[n] is None else f.to_plain(value[n])
+                for n, f in zip(self.names, self.fields, strict=True)]
 
     def from_plain(self, plain: Any) -> Any:
-        return {n: f.from_plain(p) for n, f, p in zip(self.names, self.fields, plain, strict=True)}
+        return {n: None if p is None else f.from_plain(p)
+                for n, f, p in zip(self.names, self.fields, plain, strict=True)}
 
     def check(self, value: Any) -> str | None:
+        value = _as_dict(value)
         if not isinstance(value, dict) or set(value) != set(self.names):
             return f"expected a dict with fields {self.names}, got {value!r}"
-        for n, f in zip(self.names, self.fields, strict=True):
-            problem = f.check(value[n])
-            if problem:
-                return f"field {n}: {problem}"
-        return None
+        return _check_fields(((n, value[n]) for n in self.names), self.fields)
 
     def config(self) -> Any:
         return ["row_named", self.names, [f.config() for f in self.fields]]

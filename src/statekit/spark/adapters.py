@@ -39,6 +39,32 @@ VERSIONS_RETAINED_KEY = "state.partition.versions-retained"
 ALLOW_MISSING_KEY = "execution.state-recovery.allow-missing-state"
 SAVEPOINT_KEY = "execution.savepoint.path"
 
+_TRIGGER = "the query's trigger (writeStream.trigger(processingTime=...)): statekit commits " \
+           "each partition's state with every micro-batch"
+_TASK_RETRIES = "spark.task.maxFailures (Spark retries a failed task; a failed query restarts " \
+                "from its checkpointLocation)"
+#: Keys of the local runner's checkpointing and restarts that cannot take effect in a Spark
+#: query, with the setting that does their job there (a key ending in "." is a namespace).
+LOCAL_ONLY = {
+    "execution.checkpointing.interval": _TRIGGER,
+    "execution.checkpointing.timeout": _TRIGGER,
+    "execution.checkpointing.min-pause": _TRIGGER,
+    "execution.checkpointing.max-concurrent-checkpoints": _TRIGGER,
+    "execution.checkpointing.unaligned": _TRIGGER,
+    "execution.checkpointing.tolerable-failed-checkpoints": _TASK_RETRIES,
+    "restart-strategy.": _TASK_RETRIES,
+    "state.checkpoints.num-retained": VERSIONS_RETAINED_KEY + " (the partition versions kept "
+                                      "beside the query's committed batches)",
+    "execution.checkpointing.externalized-checkpoint-retention":
+        "the query's checkpointLocation: statekit's state is kept with it until you delete it",
+    "execution.checkpointing.prefer-checkpoint-for-recovery":
+        SAVEPOINT_KEY + " (a query resumes from its last committed batch unless it names one)",
+    "execution.checkpointing.recover-from-older-on-corruption":
+        "nothing: a damaged partition version fails the task with a typed error, and Spark's "
+        "own retries or a restore from a savepoint (" + SAVEPOINT_KEY + ") recover",
+    "parallelism.default": "spark.sql.shuffle.partitions (or foreach_batch's num_partitions)",
+}
+
 
 def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Flat statekit keys from Spark conf (``spark.statekit.<key>``), then ``overrides``.
@@ -61,6 +87,28 @@ def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dic
     from_spark = cfg.validate(cfg.normalize(found), all_keys_are_statekit=True, prefix=SPARK_PREFIX)
     given = cfg.validate(cfg.normalize(overrides), all_keys_are_statekit=True)
     return {**from_spark, **given}
+
+
+def refuse_local_only(flat: Mapping[str, Any], given: Mapping[str, Any] | None) -> None:
+    """Refuse, at the adapter call, a key that only the local runner acts on (a checkpoint
+    interval, a restart strategy, ...), naming the Spark setting that does its job instead:
+    accepted and ignored, it would promise what the query does not do."""
+    mode = str(flat.get("execution.checkpointing.mode") or "EXACTLY_ONCE").upper()
+    if mode.replace("-", "_") == "AT_LEAST_ONCE":
+        raise ConfigError(_as_written("execution.checkpointing.mode", given),
+                          "AT_LEAST_ONCE cannot take effect on Spark: statekit's state commits "
+                          "with Spark's micro-batches, exactly once")
+    for key in sorted(flat):
+        instead = LOCAL_ONLY.get(key) or next(
+            (v for k, v in LOCAL_ONLY.items() if k.endswith(".") and key.startswith(k)), None)
+        if instead is not None:
+            raise ConfigError(_as_written(key, given),
+                              f"takes effect only on the local runner; in a Spark query use {instead}")
+
+
+def _as_written(key: str, given: Mapping[str, Any] | None) -> str:
+    """The key as the user wrote it: in the adapter's ``conf`` or as a Spark conf key."""
+    return key if given is not None and key in cfg.normalize(given) else SPARK_PREFIX + key
 
 
 def resolve(conf: Mapping[str, Any], spark: Any = None, operator_id: str | None = None
@@ -99,13 +147,12 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
     reporting.install()
     schema = _struct(spark, output_schema)
     flat = statekit_conf(spark, conf)
+    refuse_local_only(flat, conf)
     operator_id = operator_id or type(function).__name__
     try:
         backend, storage = resolve(flat, spark, operator_id)
     except ConfigError as exc:  # name the key as the user wrote it
-        if conf is None or exc.key not in cfg.normalize(conf):
-            raise type(exc)(SPARK_PREFIX + exc.key, str(exc).split(": ", 1)[-1]) from None
-        raise
+        raise type(exc)(_as_written(exc.key, conf), str(exc).split(": ", 1)[-1]) from None
     _check_local_directory(flat, conf)
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
@@ -137,9 +184,7 @@ def _check_local_directory(flat: Mapping[str, Any], given: Mapping[str, Any] | N
     url = str(flat.get("state.checkpoints.dir") or "")
     if not url or ("://" in url and not url.startswith("file://")):
         return  # unset (beside the query's checkpoint, which Spark checks at start) or remote
-    key = "state.checkpoints.dir"
-    if given is None or key not in cfg.normalize(given):
-        key = SPARK_PREFIX + key  # named as the user wrote it
+    key = _as_written("state.checkpoints.dir", given)
     path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
     probe = path
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:

@@ -1,0 +1,35 @@
+"""The table of keys a Spark query cannot act on: every entry a real key, refused; the keys that
+do take effect on Spark (backend, storage, exactly-once) pass."""
+
+import pytest
+
+from statekit import config as cfg
+from statekit.errors import ConfigError
+from statekit.spark.adapters import LOCAL_ONLY, refuse_local_only
+
+
+def test_every_entry_names_a_known_key_or_namespace():
+    for key in LOCAL_ONLY:
+        if key.endswith("."):
+            assert any(k.startswith(key) for k in cfg.KEYS), key
+        else:
+            assert key in cfg.KEYS, key
+
+
+@pytest.mark.parametrize("key", sorted(k for k in cfg.KEYS if k.startswith("restart-strategy.")))
+def test_each_restart_strategy_key_is_refused(key):
+    with pytest.raises(ConfigError, match=r"spark\.task\.maxFailures"):
+        refuse_local_only({key: "1"}, None)
+
+
+def test_keys_that_take_effect_on_spark_pass():
+    refuse_local_only({"state.backend.type": "rocksdb", "execution.checkpointing.mode": "EXACTLY_ONCE",
+                       "state.backend.incremental": "true", "state.partition.versions-retained": "3",
+                       "pipeline.max-parallelism": "256"}, None)
+
+
+def test_at_least_once_is_refused_in_any_spelling():
+    for value in ("AT_LEAST_ONCE", "at-least-once"):
+        with pytest.raises(ConfigError, match="exactly once"):
+            conf = {"execution.checkpointing.mode": value}
+            refuse_local_only(conf, conf)
