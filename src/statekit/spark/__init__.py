@@ -1,4 +1,9 @@
 """PySpark adapters: run statekit keyed functions inside Structured Streaming queries."""
+# ruff: noqa: E402 (PySpark is checked before anything imports it)
+
+from statekit.spark.requires import check_pyspark
+
+check_pyspark()  # before anything imports pyspark: a missing or unsupported one, said plainly
 
 from statekit.spark.adapters import statekit_conf
 from statekit.spark.apply_in_pandas import apply_in_pandas_with_state

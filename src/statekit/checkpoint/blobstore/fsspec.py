@@ -22,14 +22,24 @@ from statekit.checkpoint.blobstore.base import PathBlobStore, is_url, run_operat
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.config import default
+from statekit.errors import MissingDependencyError
 
 
 def _resolve(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
     options = dict(storage_options)
     if "::" not in url:
         options.setdefault("skip_instance_cache", True)
-    fs, path = fsspec.core.url_to_fs(url, **options)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:  # fsspec names the package the protocol needs
+        raise _missing(url, exc) from None
     return fs, path
+
+
+def _missing(url: str, exc: ImportError) -> MissingDependencyError:
+    """A URL whose file system's package is not installed (S3: ``statekit[s3]``)."""
+    extra = " (pip install 'statekit[s3]')" if get_protocol(url) in ("s3", "s3a") else ""
+    return MissingDependencyError("state.checkpoints.dir", f"{url}: {exc}{extra}")
 
 
 def _is_local(url: str) -> bool:
@@ -37,7 +47,10 @@ def _is_local(url: str) -> bool:
     a plain path is local, whatever it holds: ``a::b`` is a directory name, not a chain)."""
     if not is_url(url):
         return True
-    proto = fsspec.get_filesystem_class(get_protocol(url)).protocol
+    try:
+        proto = fsspec.get_filesystem_class(get_protocol(url)).protocol
+    except ImportError as exc:
+        raise _missing(url, exc) from None
     return "file" in ((proto,) if isinstance(proto, str) else tuple(proto))
 
 
