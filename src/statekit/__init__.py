@@ -17,6 +17,7 @@ from statekit.checkpoint.storage import (
 from statekit.durations import Time
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import (
+    FilterFunction,
     FlatMapFunction,
     KeyedProcessFunction,
     MapFunction,
@@ -67,6 +68,7 @@ __all__ = [
     "EmbeddedRocksDBStateBackend",
     "ExternalizedCheckpointCleanup",
     "FileSystemCheckpointStorage",
+    "FilterFunction",
     "FlatMapFunction",
     "FsStateBackend",
     "HashMapStateBackend",

@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statekit.errors import ConfigTypeError
+from statekit.runtime.aggregations import Accumulate, FilterAdapter, ReduceAdapter, accumulator
 from statekit.runtime.functions import (
+    FilterFunction,
     FlatMapFunction,
     Function,
     KeyedProcessFunction,
@@ -21,6 +23,7 @@ from statekit.runtime.functions import (
 from statekit.runtime.job import CollectResult, LocalJob
 from statekit.runtime.watermarks import WatermarkStrategy
 from statekit.serde.types import TypeInformation
+from statekit.state.api import ReduceFunction
 
 
 class DataStream:
@@ -79,6 +82,35 @@ class KeyedStream:
 
     def flat_map(self, func: FlatMapFunction | Callable[[Any], Iterable[Any]]) -> ProcessedStream:
         return ProcessedStream(self, _FlatMapAdapter(func))
+
+    def reduce(self, func: ReduceFunction | Callable[[Any, Any], Any]) -> ProcessedStream:
+        """The key's running reduction, emitted after every element (its value state is
+        ``_reduce_state``)."""
+        return ProcessedStream(self, ReduceAdapter(func))
+
+    def filter(self, func: FilterFunction | Callable[[Any], bool]) -> ProcessedStream:
+        """The elements ``func`` keeps (a rich FilterFunction may use keyed state)."""
+        return ProcessedStream(self, FilterAdapter(func))
+
+    def sum(self, position_to_sum: int | str = 0) -> ProcessedStream:
+        """The rolling sum of a field (an index, a field name, or 0 for a basic value)."""
+        return self.reduce(accumulator(position_to_sum, Accumulate.SUM))
+
+    def min(self, position_to_min: int | str = 0) -> ProcessedStream:
+        """The key's first element with the field replaced by its rolling minimum."""
+        return self.reduce(accumulator(position_to_min, Accumulate.MIN))
+
+    def max(self, position_to_max: int | str = 0) -> ProcessedStream:
+        """The key's first element with the field replaced by its rolling maximum."""
+        return self.reduce(accumulator(position_to_max, Accumulate.MAX))
+
+    def min_by(self, position_to_min_by: int | str = 0) -> ProcessedStream:
+        """The element with the smallest field so far (the first one on ties)."""
+        return self.reduce(accumulator(position_to_min_by, Accumulate.MIN_BY))
+
+    def max_by(self, position_to_max_by: int | str = 0) -> ProcessedStream:
+        """The element with the largest field so far (the first one on ties)."""
+        return self.reduce(accumulator(position_to_max_by, Accumulate.MAX_BY))
 
 
 class ProcessedStream:

@@ -156,6 +156,13 @@ class MapFunction(Function, ABC):
     def map(self, value: Any) -> Any: ...
 
 
+class FilterFunction(Function, ABC):
+    """Keeps the elements for which ``filter`` is true."""
+
+    @abstractmethod
+    def filter(self, value: Any) -> bool: ...
+
+
 class FlatMapFunction(Function, ABC):
     """Any number of outputs per element."""
 
