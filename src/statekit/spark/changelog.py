@@ -252,12 +252,12 @@ class _RecList(ListState):
         self._rec.record(self._name, L_ADD, self._ser.serialize(value))
 
     def add_all(self, values: Iterable[Any]) -> None:
-        values = list(values)
-        self._raw.add_all(values)
+        values = list(values) if values is not None else values
+        self._raw.add_all(values)  # refuses None, as every list state does
         self._rec.record(self._name, L_ADD_ALL, [self._ser.serialize(v) for v in values])
 
-    def update(self, values: Iterable[Any] | None) -> None:
-        values = [] if values is None else list(values)
+    def update(self, values: Iterable[Any]) -> None:
+        values = list(values) if values is not None else values
         self._raw.update(values)
         self._rec.record(self._name, L_SET, [self._ser.serialize(v) for v in values])
 

@@ -15,6 +15,8 @@ from typing import Any
 from statekit.errors import StateError, StateTypeError
 from statekit.serde.types import TypeSerializer
 
+NULL_LIST = "the list of values cannot be None (clear() empties a list state)"
+
 # --- user functions -----------------------------------------------------------------------------
 
 
@@ -80,11 +82,12 @@ class ListState(AppendingState):
     def get(self) -> list[Any]: ...
 
     @abstractmethod
-    def add_all(self, values: Iterable[Any]) -> None: ...
+    def add_all(self, values: Iterable[Any]) -> None:
+        """Append ``values`` (None is a StateError, as in Flink)."""
 
     @abstractmethod
-    def update(self, values: Iterable[Any] | None) -> None:
-        """Replace the list (None or empty clears it)."""
+    def update(self, values: Iterable[Any]) -> None:
+        """Replace the list (an empty one clears it; None is a StateError, as in Flink)."""
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.get())

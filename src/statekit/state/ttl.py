@@ -322,11 +322,11 @@ class TtlListState(ListState):
 
     def add_all(self, values: Iterable[Any]) -> None:
         now = self._p.clock()
-        self._inner.add_all([(v, now) for v in values])
+        self._inner.add_all(None if values is None else [(v, now) for v in values])  # type: ignore[arg-type]
 
-    def update(self, values: Iterable[Any] | None) -> None:
+    def update(self, values: Iterable[Any]) -> None:
         now = self._p.clock()
-        self._inner.update(None if values is None else [(v, now) for v in values])
+        self._inner.update(None if values is None else [(v, now) for v in values])  # type: ignore[arg-type]
 
     def clear(self) -> None:
         self._inner.clear()

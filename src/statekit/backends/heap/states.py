@@ -13,7 +13,7 @@ from statekit.backends.base import NO_KEY
 from statekit.backends.heap.table import HeapTable
 from statekit.errors import StateError
 from statekit.serde.serializers import TypeSerializer
-from statekit.state.api import ListState, MapState, ValueState, check_value
+from statekit.state.api import NULL_LIST, ListState, MapState, ValueState, check_value
 
 if TYPE_CHECKING:
     from statekit.backends.heap.backend import HeapKeyedStateBackend
@@ -161,6 +161,8 @@ class HeapListState(_HeapState, ListState):
 
     def add_all(self, values: Iterable[Any]) -> None:
         key = self._key()
+        if values is None:
+            raise StateError(NULL_LIST, self._name)
         values = list(values)
         if not values:
             return
@@ -171,9 +173,11 @@ class HeapListState(_HeapState, ListState):
         else:
             lst.extend(values)
 
-    def update(self, values: Iterable[Any] | None) -> None:
+    def update(self, values: Iterable[Any]) -> None:
         key = self._key()
-        values = [] if values is None else list(values)
+        if values is None:
+            raise StateError(NULL_LIST, self._name)
+        values = list(values)
         if values:
             self._check_all(values)
             self._put(key, values)

@@ -16,7 +16,7 @@ from statekit.backends.rocksdb.encoding import SEQ_MAX
 from statekit.errors import StateError
 from statekit.serde.msgpack import packb, unpackb
 from statekit.serde.serializers import TypeSerializer
-from statekit.state.api import ListState, MapState, ValueState, check_value
+from statekit.state.api import NULL_LIST, ListState, MapState, ValueState, check_value
 
 if TYPE_CHECKING:
     from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
@@ -132,8 +132,10 @@ class RocksDBListState(RocksState, ListState):
         seq = self._next_seq(prefix)
         self._put(prefix + seq.to_bytes(8, "big"), self._ser(value))
 
-    def _validated(self, values: Iterable[Any] | None) -> list[Any]:
-        values = [] if values is None else list(values)
+    def _validated(self, values: Iterable[Any]) -> list[Any]:
+        if values is None:
+            raise StateError(NULL_LIST, self._name)
+        values = list(values)
         for v in values:
             if v is None:
                 raise StateError("cannot add None to a list state", self._name)
@@ -154,7 +156,7 @@ class RocksDBListState(RocksState, ListState):
         self._append(batch, prefix, self._next_seq(prefix), values)
         self._b._db.write(batch)
 
-    def update(self, values: Iterable[Any] | None) -> None:
+    def update(self, values: Iterable[Any]) -> None:
         prefix = self._prefix()
         values = self._validated(values)
         batch = WriteBatch(raw_mode=True)

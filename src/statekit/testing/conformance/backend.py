@@ -100,6 +100,12 @@ class BackendConformance:
         assert list(cluster.state("k", LIST)) == ["q"]
         with pytest.raises(StateError, match="'l'"):
             cluster.state("k", LIST).add(None)
+        for call in ("add_all", "update"):  # Flink: "List of values to add cannot be null"
+            with pytest.raises(StateError, match="cannot be None"):
+                getattr(cluster.state("k", LIST), call)(None)
+        assert list(cluster.state("k", LIST)) == ["q"]  # nothing lost by the refusal
+        cluster.state("k", LIST).update([])  # an empty list clears
+        assert list(cluster.state("k", LIST)) == []
         cluster.state("k", LIST).clear()
         assert list(cluster.state("k", LIST).get()) == []
 
