@@ -420,10 +420,11 @@ def test_an_idle_kept_alive_connection_makes_room_when_every_slot_is_taken():
     opens a new one when it needs it)."""
     server = JobManagerServer("127.0.0.1", idle_timeout=30, max_connections=4)
     secret = server.new_secret()
-    kept = _hold(server, 4, trickling=False)
+    kept: list[socket.socket] = []
     try:
-        for sock in kept:
-            assert _served(sock, secret).startswith(b"HTTP/1.1 404")
+        for _ in range(4):  # each shows its secret before the next connects, as executors do
+            kept += _hold(server, 1, trickling=False)
+            assert _served(kept[-1], secret).startswith(b"HTTP/1.1 404")
         store = RemoteBlobStore(server.url, secret, "job")
         store.put("k", b"v")
         assert store.get("k") == b"v"

@@ -45,7 +45,7 @@ from statekit.backends.timers import (
 )
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import CorruptCheckpointError, StateError, StatekitError
+from statekit.errors import CheckpointError, CorruptCheckpointError, StateError, StatekitError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.keytypes import RestoreCheck
 from statekit.serde.serializers import TypeSerializer
@@ -96,6 +96,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # in-flight incremental attempts: dirty keys each captured, and its handle once written
         self._attempts: dict[int, dict[str, Any]] = {}
         self._timer_queues: dict[str, TimerQueue] = {}
+        self._disposed = False
 
     def set_current_key(self, key: Any) -> None:
         """Set the current key; keys of exactly the declared key type (str/int/bytes for generic
@@ -315,7 +316,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             else:
                 data[key] = value
 
+    def check_not_disposed(self) -> None:
+        """CheckpointError once :meth:`dispose` ran: an in-flight snapshot fails, never completes."""
+        if self._disposed:
+            raise CheckpointError("the heap state backend was disposed while a snapshot ran")
+
     def dispose(self) -> None:
+        self._disposed = True
         self._timer_queues.clear()
         self.tables.clear()
         self._restored.clear()

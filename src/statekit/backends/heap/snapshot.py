@@ -292,8 +292,10 @@ class HeapSnapshotStrategy:
                 yield (name, data.kind, data.layout, "plain", parts)
 
     def finish(self, parts: list[_Part]) -> dict[str, Any]:
-        """Upload the serialized parts and build the task handle."""
+        """Upload the serialized parts and build the task handle (a backend disposed meanwhile
+        fails the snapshot, as Flink's and the RocksDB backend's do)."""
         streams, backend = self.streams, self.backend
+        backend.check_not_disposed()
         suffix = "-base" if self.materialize else "-log"
         entries = {}
         for name, kind, layout, encoding, payload in parts:
@@ -305,6 +307,7 @@ class HeapSnapshotStrategy:
                 index, blob = payload
                 entries[name] = {"layout": layout, "kind": kind, "index": index,
                                  "data": streams.write(blob, state_name=name, shared_name=shared)}
+        backend.check_not_disposed()
         if not self.incremental:
             return dict(kv_handle(backend, entries))
         if self.materialize:

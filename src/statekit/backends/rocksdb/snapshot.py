@@ -31,7 +31,7 @@ from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
 from statekit.backends.rocksdb.heap_timers import check_heap_timers
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import BackendLockedError
+from statekit.errors import BackendLockedError, CheckpointError
 
 if TYPE_CHECKING:
     from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
@@ -68,6 +68,9 @@ schema.register_format(ROCKSDB_FORMAT, _check_native)
 
 
 
+_DISPOSED = "the RocksDB state backend was disposed while a snapshot ran"
+
+
 class RocksDBSnapshotStrategy:
     """Takes one snapshot of a RocksDB keyed backend (as Flink's ``RocksSnapshotStrategy``)."""
 
@@ -102,6 +105,8 @@ class RocksDBSnapshotStrategy:
 
         def run() -> dict[str, Any]:
             try:
+                if backend._disposed:
+                    raise CheckpointError(_DISPOSED)
                 timers = backend._heap.write(heap_timers, streams, savepoint)
                 if savepoint:
                     handle = self._write_savepoint(target, streams, info, metas)
@@ -114,6 +119,10 @@ class RocksDBSnapshotStrategy:
                 if timers:
                     handle["heap_timers"] = timers
                 return handle
+            except OSError as exc:  # dispose removed the native checkpoint under the upload
+                if backend._disposed:
+                    raise CheckpointError(_DISPOSED) from exc
+                raise
             finally:
                 backend._heap.release(heap_timers)
                 shutil.rmtree(target, ignore_errors=True)

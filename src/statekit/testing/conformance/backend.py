@@ -19,6 +19,7 @@ from statekit.errors import (
     InvalidStateNameError,
     NoKeyContextError,
     StateError,
+    StatekitError,
     StateNameClashError,
     StateTypeError,
 )
@@ -383,3 +384,17 @@ class BackendConformance:
         cluster.completed.append(cid)
         cluster.restore(cid)
         assert self._read(cluster, expected) == expected
+
+    def test_dispose_fails_an_in_flight_snapshot(self, cluster: KeyedCluster) -> None:
+        """Flink's testAsyncSnapshotCancellation: a backend disposed between a snapshot's
+        synchronous and asynchronous parts fails the snapshot; it never completes afterwards."""
+        self._fill(cluster, 10)
+        backend = cluster.partitions[0]
+        if not backend.asynchronous:
+            pytest.skip("synchronous snapshots are complete when snapshot() returns")
+        cid = cluster.next_checkpoint
+        cluster.next_checkpoint += 1
+        run = backend.snapshot(cid, cluster.access.streams(cid, "p0"))
+        backend.dispose()
+        with pytest.raises(StatekitError, match="disposed"):
+            run.run()
