@@ -50,6 +50,10 @@ class NoKeyContextError(StateError, RuntimeError):
     """Keyed state was used where no current key is set (outside ``process_element``)."""
 
 
+class ConcurrentModificationError(StateError, RuntimeError):
+    """Keys were added to or removed from a state while its keys were being enumerated."""
+
+
 class StateTypeError(StateError, TypeError):
     """A value does not match the type information of its state descriptor."""
 

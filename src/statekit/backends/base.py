@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -208,6 +208,41 @@ class KeyedStateBackend(ABC):
             "used outside a keyed context (no current key is set)", state_name
         )
 
+    # --- key enumeration (Flink's getKeys / getKeysAndNamespaces / applyToAllKeys) ----------------
+
+    def get_keys(self, state: str, namespace: Any = None) -> Iterator[Any]:
+        """The keys of this partition holding ``state`` (none for a state never written or
+        restored).  On the heap backend, adding or removing a key of that state while the
+        iteration runs is a :class:`ConcurrentModificationError` (Flink's rule); RocksDB iterates
+        a consistent view.  ``namespace`` is None: statekit's keyed state has no namespaces."""
+        _check_namespace(namespace)
+        return self._keys_of(state)
+
+    def get_keys_and_namespaces(self, state: str) -> Iterator[tuple[Any, Any]]:
+        """(key, namespace) of every key holding ``state``; the namespace is always None."""
+        return ((key, None) for key in self._keys_of(state))
+
+    def apply_to_all_keys(self, namespace: Any, descriptor: StateDescriptor,
+                          function: Callable[[Any, State], None]) -> None:
+        """Call ``function(key, state)`` with each key holding the state as the current key.
+        The keys are taken when the call starts (as Flink's heap backend does), so ``function``
+        may change or clear the state; the current key is restored afterwards."""
+        _check_namespace(namespace)
+        keys = list(self._keys_of(descriptor.name))
+        state = self.get_partitioned_state(descriptor)
+        previous = self.current_key
+        try:
+            for key in keys:
+                self.set_current_key(key)
+                function(key, state)
+        finally:
+            if previous is not NO_KEY:
+                self.set_current_key(previous)
+
+    def _keys_of(self, state: str) -> Iterator[Any]:
+        """The keys holding ``state``; each backend enumerates its own storage."""
+        raise NotImplementedError(f"{type(self).__name__} cannot enumerate its keys")
+
     # --- state registration ------------------------------------------------------------------------
 
     def get_partitioned_state(self, descriptor: StateDescriptor) -> State:
@@ -327,3 +362,9 @@ class KeyedStateBackend(ABC):
 
     def dispose(self) -> None:
         """Release resources (files, handles, threads)."""
+
+
+def _check_namespace(namespace: Any) -> None:
+    if namespace is not None:
+        raise StateError(f"namespace {namespace!r}: statekit's keyed state has no namespaces "
+                         "(pass None, Flink's VoidNamespace)")

@@ -45,7 +45,13 @@ from statekit.backends.timers import (
 )
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import CheckpointError, CorruptCheckpointError, StateError, StatekitError
+from statekit.errors import (
+    CheckpointError,
+    ConcurrentModificationError,
+    CorruptCheckpointError,
+    StateError,
+    StatekitError,
+)
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.keytypes import RestoreCheck
 from statekit.serde.serializers import TypeSerializer
@@ -316,6 +322,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             else:
                 data[key] = value
 
+    def _keys_of(self, state: str) -> Iterator[Any]:
+        table = self.tables.get(state)
+        if table is None:
+            restored = self._restored.get(state)
+            return iter(list(restored.data) if restored is not None else ())
+        return _live_keys(table, state)
+
     def check_not_disposed(self) -> None:
         """CheckpointError once :meth:`dispose` ran: an in-flight snapshot fails, never completes."""
         if self._disposed:
@@ -329,6 +342,22 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._states.clear()
         self._attempts.clear()
         self._confirmed = None
+
+
+def _live_keys(table: HeapTable, state: str) -> Iterator[Any]:
+    """The keys a live table holds: ``data``'s (not its tombstones) and, while snapshots are
+    pending, the staged ones; a key added or removed meanwhile ends the iteration with an error."""
+    try:
+        for key, value in table.data.items():
+            if value is not None:
+                yield key
+        staged = table.staged
+        if staged:
+            yield from staged
+    except RuntimeError as exc:  # "dictionary changed size during iteration"
+        raise ConcurrentModificationError(
+            "a key was added or removed while the state's keys were enumerated (collect them "
+            "first, or use apply_to_all_keys)", state) from exc
 
 
 class _Load:

@@ -19,6 +19,7 @@ from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.kvformat import KV_FORMATS
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
+from statekit.backends.rocksdb.encoding import key_bytes
 from statekit.backends.rocksdb.heap_timers import HeapTimers
 from statekit.backends.rocksdb.restore import RocksDBRestoreOperation
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, RocksDBSnapshotStrategy
@@ -174,6 +175,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             state = RocksDBMapState(self, cf, meta, stored.value, stored.key)  # type: ignore[attr-defined]
         self._rstates[meta.name] = state
         return state  # type: ignore[return-value]
+
+    def _keys_of(self, state: str) -> Iterator[Any]:
+        info = self._state_info.get(state)
+        if info is None:
+            return iter(())
+        deserialize = self.key_serializer.deserialize
+        return (deserialize(kb) for kb in key_bytes(self._cf(state), info["kind"]))
 
     def _state_names(self) -> list[str]:
         return sorted(self._state_info)

@@ -91,6 +91,17 @@ def grouped(cf: Rdict, kind: str, start: bytes = b"", end: bytes | None = None
         yield int.from_bytes(prefix[:2], "big"), prefix[2:], combine(parts)
 
 
+def key_bytes(cf: Rdict, kind: str) -> Iterator[bytes]:
+    """The serialized keys holding entries in ``cf``, each once, in key order."""
+    last = None
+    for key in cf.keys():  # noqa: SIM118 (an Rdict: keys() scans the column family)
+        kb = (key[2:] if kind == "value" else key[2:-8] if kind in ("list", "timers")
+              else key[2: 2 + object_length(key, 2)])
+        if kb != last:
+            yield kb
+            last = kb
+
+
 def expired(value: bytes, limit: int) -> bool:
     """Whether a stored value is a TTL value stamped at or before ``limit``."""
     try:

@@ -398,3 +398,42 @@ class BackendConformance:
         backend.dispose()
         with pytest.raises(StatekitError, match="disposed"):
             run.run()
+
+    def test_get_keys(self, cluster: KeyedCluster) -> None:
+        """Flink's testGetKeys / testGetKeysAndNamespaces: every key holding a state, once per
+        partition, of each state kind; none for a state never written; None namespaces only."""
+        keys = {f"k{i}" for i in range(40)}
+        for key in keys:
+            cluster.state(key, VALUE).update(1)
+            if key < "k2":
+                cluster.state(key, LIST).add_all(["a", "b"])
+                cluster.state(key, MAP).put_all({"x": [1], "y": [2]})
+        found = [k for b in cluster.partitions for k in b.get_keys(VALUE.name)]
+        assert sorted(found) == sorted(keys)
+        in_list = {k for b in cluster.partitions for k in b.get_keys(LIST.name)}
+        assert in_list == {k for k in keys if k < "k2"}
+        assert {k for b in cluster.partitions for k in b.get_keys(MAP.name)} == in_list
+        assert {kn for b in cluster.partitions for kn in b.get_keys_and_namespaces(LIST.name)} == {
+            (k, None) for k in in_list}
+        assert [k for b in cluster.partitions for k in b.get_keys("never")] == []
+        with pytest.raises(StateError, match="namespace"):
+            cluster.partitions[0].get_keys(VALUE.name, "window-1")
+        cluster.state("k0", LIST).clear()  # a cleared key holds the state no more
+        assert "k0" not in {k for b in cluster.partitions for k in b.get_keys(LIST.name)}
+
+    def test_apply_to_all_keys_may_change_the_state(self, cluster: KeyedCluster) -> None:
+        """Flink's testApplyToAllKeysLambdaFunction and testConcurrentModificationWithApplyToAllKeys:
+        the function sees each key's state as current and may clear it; keys are those at the
+        start."""
+        for i in range(30):
+            cluster.state(f"k{i}", LIST).add_all([f"v{i}"])
+        seen: dict[str, list[str]] = {}
+
+        def clear_each(key: Any, state: Any) -> None:
+            seen[key] = list(state.get())
+            state.clear()
+
+        for backend in cluster.partitions:
+            backend.apply_to_all_keys(None, LIST, clear_each)
+        assert seen == {f"k{i}": [f"v{i}"] for i in range(30)}
+        assert [k for b in cluster.partitions for k in b.get_keys(LIST.name)] == []
