@@ -21,6 +21,7 @@ from statekit.runtime.functions import (
     FlatMapFunction,
     KeyedProcessFunction,
     MapFunction,
+    OutputTag,
     RuntimeContext,
     VectorizedKeyedFunction,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "MapState",
     "MapStateDescriptor",
     "MemoryStateBackend",
+    "OutputTag",
     "PredefinedOptions",
     "ReduceFunction",
     "ReducingState",

@@ -18,6 +18,7 @@ from statekit.runtime.functions import (
     Function,
     KeyedProcessFunction,
     MapFunction,
+    OutputTag,
     RuntimeContext,
 )
 from statekit.runtime.job import CollectResult, LocalJob
@@ -120,6 +121,7 @@ class ProcessedStream:
         self._keyed = keyed
         self._func = func
         self._env = keyed._upstream._env
+        self._side_sinks: dict[str, Callable[[Any], None]] = {}
 
     def execute_and_collect(self, job_execution_name: str | None = None, limit: int | None = None,
                             *, savepoint_dir: str | None = None, drain: bool = False
@@ -139,6 +141,35 @@ class ProcessedStream:
     def add_sink(self, sink: Callable[[Any], None]) -> ProcessedStream:
         """Deliver committed outputs to ``sink`` when ``env.execute()`` runs."""
         self._env.register_sink(self, sink)
+        return self
+
+    def get_side_output(self, output_tag: OutputTag) -> SideOutputStream:
+        """The values the function sends to ``output_tag`` (``yield output_tag, value``)."""
+        if not isinstance(output_tag, OutputTag):
+            raise TypeError(f"get_side_output takes an OutputTag, got {type(output_tag).__name__}")
+        return SideOutputStream(self, output_tag)
+
+
+class SideOutputStream:
+    """A side output of a keyed function: collected with the same job as the main output (one
+    run: :meth:`execute_and_collect` runs it and returns the side output's values), or sent to
+    a sink when ``env.execute()`` runs the main stream."""
+
+    def __init__(self, main: ProcessedStream, tag: OutputTag) -> None:
+        self._main = main
+        self._tag = tag
+
+    def execute_and_collect(self, job_execution_name: str | None = None, **kwargs: Any
+                            ) -> list[Any]:
+        """Run the job; the committed values of this side output."""
+        return self._main.execute_and_collect(job_execution_name, **kwargs).get_side_output(
+            self._tag)
+
+    def add_sink(self, sink: Callable[[Any], None]) -> SideOutputStream:
+        """Deliver this side output's committed values to ``sink`` when ``env.execute()`` runs
+        the main stream's job (registered with a sink of its own, or run for this one)."""
+        self._main._side_sinks[self._tag.tag_id] = sink
+        self._main._env.register_side_output(self._main)
         return self
 
 

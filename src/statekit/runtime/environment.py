@@ -45,6 +45,7 @@ class StreamExecutionEnvironment:
         self._config: dict[str, Any] = {}
         self._clock: Callable[[], int] = wall_clock_ms
         self._sinks: list[tuple[ProcessedStream, Callable[[Any], None]]] = []
+        self._side_streams: list[ProcessedStream] = []
 
     @staticmethod
     def get_execution_environment(config: Mapping[str, Any] | None = None
@@ -207,9 +208,18 @@ class StreamExecutionEnvironment:
         :meth:`execute`."""
         self._sinks.append((stream, sink))
 
-    def take_sinks(self) -> list[tuple[ProcessedStream, Callable[[Any], None]]]:
-        """The streams registered with their sinks, forgotten here: each runs once."""
-        sinks, self._sinks = self._sinks, []
+    def register_side_output(self, stream: ProcessedStream) -> None:
+        """Remember a stream whose side output has a sink, so :meth:`execute` runs it even
+        without a sink of its own."""
+        if all(s is not stream for s in self._side_streams):
+            self._side_streams.append(stream)
+
+    def take_sinks(self) -> list[tuple[ProcessedStream, Callable[[Any], None] | None]]:
+        """The streams registered with their sinks (or run for their side outputs' sinks
+        alone), forgotten here: each runs once."""
+        sinks: list[tuple[ProcessedStream, Callable[[Any], None] | None]] = list(self._sinks)
+        sinks += [(s, None) for s in self._side_streams if all(s is not m for m, _ in sinks)]
+        self._sinks, self._side_streams = [], []
         return sinks
 
     def execute(self, job_name: str | None = None) -> list[CollectResult]:

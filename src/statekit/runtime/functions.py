@@ -197,3 +197,32 @@ def open_function(function: F, runtime_context: RuntimeContext) -> F:
     instance = copy.deepcopy(function)
     instance.open(runtime_context)
     return instance
+
+
+class OutputTag:
+    """Names a side output (PyFlink's ``OutputTag``): a function yields ``(tag, value)`` to
+    send ``value`` there instead of to the main output.  Tags are equal by ``tag_id``."""
+
+    __slots__ = ("tag_id", "type_info")
+
+    def __init__(self, tag_id: str, type_info: Any = None) -> None:
+        if not isinstance(tag_id, str) or not tag_id:
+            raise TypeError(f"an OutputTag needs a non-empty string id, got {tag_id!r}")
+        self.tag_id = tag_id
+        self.type_info = type_info
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OutputTag) and other.tag_id == self.tag_id
+
+    def __hash__(self) -> int:
+        return hash(("OutputTag", self.tag_id))
+
+    def __repr__(self) -> str:
+        return f"OutputTag({self.tag_id!r})"
+
+
+def side_output_of(item: Any) -> OutputTag | None:
+    """The tag of an output sent to a side output (``(tag, value)``), else None."""
+    if type(item) is tuple and len(item) == 2 and type(item[0]) is OutputTag:
+        return item[0]
+    return None

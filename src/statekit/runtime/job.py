@@ -27,6 +27,7 @@ from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.checkpoint.schema import recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
+from statekit.runtime.functions import OutputTag, side_output_of
 from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.restart import RestartTracker
 from statekit.runtime.timers import MAX_WATERMARK
@@ -56,6 +57,12 @@ class CollectResult(list):  # type: ignore[type-arg]
     checkpoint_stats: list[CheckpointStats]
     retained_checkpoints: list[str]
     savepoint_path: str | None
+    #: committed side outputs by tag id (``(tag, value)`` outputs of the function)
+    side_outputs: dict[str, list[Any]]
+
+    def get_side_output(self, tag: OutputTag) -> list[Any]:
+        """The committed values sent to the side output ``tag`` (empty when none were)."""
+        return list(self.side_outputs.get(tag.tag_id, ()))
 
     @property
     def latest_checkpoint(self) -> str | None:
@@ -91,6 +98,9 @@ class _Outputs:
     open: list[Any] = field(default_factory=list)
     by_checkpoint: dict[int, list[Any]] = field(default_factory=dict)
     sink: Callable[[Any], None] | None = None
+    #: committed side outputs by tag id, and the sinks some of them go to
+    side: dict[str, list[Any]] = field(default_factory=dict)
+    side_sinks: dict[str, Callable[[Any], None]] = field(default_factory=dict)
 
     def barrier(self, checkpoint_id: int) -> None:
         self.by_checkpoint[checkpoint_id] = self.open
@@ -101,6 +111,18 @@ class _Outputs:
             self.release(self.by_checkpoint.pop(cid))
 
     def release(self, items: list[Any]) -> None:
+        if any(side_output_of(item) is not None for item in items):
+            main = []
+            for item in items:
+                tag = side_output_of(item)
+                if tag is None:
+                    main.append(item)
+                    continue
+                self.side.setdefault(tag.tag_id, []).append(item[1])
+                side_sink = self.side_sinks.get(tag.tag_id)
+                if side_sink is not None:
+                    side_sink(item[1])
+            items = main
         if self.sink is not None:
             for item in items:
                 self.sink(item)
@@ -141,7 +163,7 @@ class LocalJob:
         self.checkpoint_config = self.env.get_checkpoint_config()
         self.storage = self.env.resolved_checkpoint_storage()
         self.access: CheckpointStorageAccess = self.storage.create_access(self.job_id)
-        self.outputs = _Outputs(sink=sink)
+        self.outputs = _Outputs(sink=sink, side_sinks=dict(stream._side_sinks))
         self.stats: list[CheckpointStats] = []
 
     # --- the job --------------------------------------------------------------------------------
@@ -397,6 +419,7 @@ class LocalJob:
         result.checkpoint_stats = self.stats
         result.retained_checkpoints = [self.access.checkpoint_path(c) for c in coordinator.retained]
         result.savepoint_path = savepoint
+        result.side_outputs = self.outputs.side
         return result
 
 

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from statekit.errors import StateError
+from statekit.runtime.functions import side_output_of
+
 #: Python types of a column's values -> the numpy dtype pandas infers for them
 _DTYPES: dict[frozenset[type], Any] = {
     frozenset((int,)): np.int64,
@@ -67,22 +70,35 @@ def rows_frame(rows: Sequence[Sequence[Any]], columns: list[str]) -> pd.DataFram
     """``pd.DataFrame(rows, columns=columns)``, built directly when every column holds values
     of one of the plain kinds (int, float, int and float, bool, str, bytes), else by pandas."""
     if not rows or _infers_string():
-        return pd.DataFrame(rows, columns=columns)
+        return _pandas_frame(rows, columns)
     arrays: list[np.ndarray] = []
     try:
         for values in zip(*rows, strict=True):
             dtype = _DTYPES.get(frozenset(map(type, values)))
             if dtype is None:
-                return pd.DataFrame(rows, columns=columns)
+                return _pandas_frame(rows, columns)
             arrays.append(np.array(values, dtype=dtype))
     except (ValueError, OverflowError):  # ragged rows, ints beyond int64: pandas decides
-        return pd.DataFrame(rows, columns=columns)
+        return _pandas_frame(rows, columns)
     index = _columns_index(tuple(columns))
     if len(arrays) != len(columns) or index is None:
-        return pd.DataFrame(rows, columns=columns)
+        return _pandas_frame(rows, columns)
     # the arrays are 1-D, of equal length and final dtype: nothing for pandas to check or infer
     return pd.DataFrame._from_arrays(arrays, columns=index.copy(), index=pd.RangeIndex(len(rows)),
                                      verify_integrity=False)
+
+
+def _pandas_frame(rows: Sequence[Sequence[Any]], columns: list[str]) -> pd.DataFrame:
+    """The frame pandas builds; a side output among the rows (``yield tag, value``, which only
+    the local runner routes) is a StateError, never an odd row (checked here, off the fast path:
+    a tag is never a plain value)."""
+    for row in rows:
+        tag = side_output_of(row)
+        if tag is not None:
+            raise StateError(f"the function sent a value to the side output {tag.tag_id!r}; "
+                             "side outputs are the local runner's: on Spark, emit rows of the "
+                             "output schema (e.g. a column that names the output)")
+    return pd.DataFrame(rows, columns=columns)
 
 
 @functools.lru_cache(maxsize=64)
