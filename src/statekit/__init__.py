@@ -15,6 +15,7 @@ from statekit.checkpoint.storage import (
     JobManagerCheckpointStorage,
 )
 from statekit.durations import Time
+from statekit.runtime.connected import CoFlatMapFunction, CoMapFunction, KeyedCoProcessFunction
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import (
     FilterFunction,
@@ -64,6 +65,8 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointStorage",
     "CheckpointingMode",
+    "CoFlatMapFunction",
+    "CoMapFunction",
     "CustomCheckpointStorage",
     "CustomStateBackend",
     "EmbeddedRocksDBStateBackend",
@@ -74,6 +77,7 @@ __all__ = [
     "FsStateBackend",
     "HashMapStateBackend",
     "JobManagerCheckpointStorage",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStateBackend",
     "ListState",

@@ -12,6 +12,7 @@ from typing import Any
 
 from statekit.errors import ConfigTypeError
 from statekit.runtime.aggregations import Accumulate, FilterAdapter, ReduceAdapter, accumulator
+from statekit.runtime.connected import ConnectedStreams
 from statekit.runtime.functions import (
     FilterFunction,
     FlatMapFunction,
@@ -22,7 +23,7 @@ from statekit.runtime.functions import (
     RuntimeContext,
 )
 from statekit.runtime.job import CollectResult, LocalJob
-from statekit.runtime.watermarks import WatermarkStrategy
+from statekit.runtime.watermarks import SourceTime, WatermarkStrategy
 from statekit.serde.types import TypeInformation
 from statekit.state.api import ReduceFunction
 
@@ -31,10 +32,16 @@ class DataStream:
     """A stream from a replayable collection, with stateless transformations before ``key_by``."""
 
     def __init__(self, env: Any, source: list[Any],
-                 transforms: list[Callable[[Any], Iterable[Any]] | WatermarkStrategy]) -> None:
+                 transforms: list[Callable[[Any], Iterable[Any]] | WatermarkStrategy],
+                 time: Callable[[Callable[[], int]], SourceTime] | None = None) -> None:
         self._env = env
         self._source = source
         self._transforms = transforms
+        self._time = time
+
+    def source_time(self, clock: Callable[[], int]) -> SourceTime:
+        """The event time of this stream's elements (timestamps, watermarks) for one run."""
+        return self._time(clock) if self._time is not None else SourceTime(self._transforms, clock)
 
     def _with(self, transform: Callable[[Any], Iterable[Any]]) -> DataStream:
         return DataStream(self._env, self._source, [*self._transforms, transform])
@@ -62,6 +69,18 @@ class DataStream:
                ) -> KeyedStream:
         return KeyedStream(self, key_selector, key_type)
 
+    def connect(self, other: DataStream | KeyedStream) -> ConnectedStreams:
+        """This stream and ``other`` as the two inputs of one function (``key_by`` them next)."""
+        return ConnectedStreams(self, _stream_of(other))
+
+
+def _stream_of(stream: DataStream | KeyedStream) -> DataStream:
+    if isinstance(stream, KeyedStream):
+        return stream._upstream
+    if not isinstance(stream, DataStream):
+        raise TypeError(f"connect() takes a DataStream, got {type(stream).__name__}")
+    return stream
+
 
 class KeyedStream:
     """A stream partitioned by key; its function gets keyed state for the current key."""
@@ -71,6 +90,14 @@ class KeyedStream:
         self._upstream = upstream
         self._selector = key_selector
         self._key_type = key_type
+
+    def connect(self, other: DataStream | KeyedStream) -> ConnectedStreams:
+        """This keyed stream and ``other`` connected; both keyed by their own selectors (this
+        one's, and ``other``'s when keyed)."""
+        sel2 = other._selector if isinstance(other, KeyedStream) else None
+        connected = ConnectedStreams(self._upstream, _stream_of(other))
+        return connected if sel2 is None else connected.key_by(self._selector, sel2,
+                                                               self._key_type)
 
     def process(self, func: KeyedProcessFunction, output_type: TypeInformation | None = None
                 ) -> ProcessedStream:

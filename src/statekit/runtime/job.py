@@ -31,7 +31,6 @@ from statekit.runtime.functions import OutputTag, side_output_of
 from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.restart import RestartTracker
 from statekit.runtime.timers import MAX_WATERMARK
-from statekit.runtime.watermarks import SourceTime
 from statekit.serde.keygroups import (
     KeyGroupRange,
     key_group_for_bytes,
@@ -141,12 +140,12 @@ class LocalJob:
                  drain: bool = False) -> None:
         self.env = stream._env
         keyed = stream._keyed
+        self.upstream = keyed._upstream
         self.source = keyed._upstream._source
-        self.transforms = keyed._upstream._transforms
         self.clock = self.env.get_processing_time_clock()
         # the end of input fires every event-time timer, except at a stop with a savepoint
         self.drain = savepoint_dir is None or drain
-        self.time = SourceTime(self.transforms, self.clock)
+        self.time = self.upstream.source_time(self.clock)
         self.selector = keyed._selector
         self.key_serializer = as_key_serializer(serializer_for(keyed._key_type))
         self.func = stream._func
@@ -270,7 +269,7 @@ class LocalJob:
     def _restore_time(self, tasks: list[_Task], restore: _RestorePoint | None) -> None:
         """The watermark (and the largest timestamp seen) the restored checkpoint recorded, so a
         restored job goes on with the time its input had reached."""
-        self.time = SourceTime(self.transforms, self.clock)
+        self.time = self.upstream.source_time(self.clock)
         self.time.restore(restore.metadata.get("time") if restore is not None else None)
         for task in tasks:
             task.op.timers.watermark = self.time.watermark
