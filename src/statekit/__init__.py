@@ -15,6 +15,7 @@ from statekit.checkpoint.storage import (
     JobManagerCheckpointStorage,
 )
 from statekit.durations import Time
+from statekit.runtime.batch import RuntimeExecutionMode
 from statekit.runtime.connected import CoFlatMapFunction, CoMapFunction, KeyedCoProcessFunction
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import (
@@ -94,6 +95,7 @@ __all__ = [
     "RestartStrategies",
     "RocksDBStateBackend",
     "RuntimeContext",
+    "RuntimeExecutionMode",
     "StateBackend",
     "StateTtlConfig",
     "StreamExecutionEnvironment",

@@ -171,6 +171,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("execution.checkpointing.interval", _NONNEG_DUR, "(disabled)",
            "Checkpoint interval of the local runner (Spark adapters checkpoint every batch).",
            described=True),
+    Option("execution.runtime-mode", _choice("STREAMING", "BATCH", "AUTOMATIC"), "STREAMING",
+           "Local runner: BATCH (and AUTOMATIC, its input being bounded) processes by key, "
+           "fires timers at each key's end, without checkpoints."),
     Option("execution.checkpointing.mode", _choice("EXACTLY_ONCE", "AT_LEAST_ONCE"),
            "EXACTLY_ONCE", "Checkpointing mode."),
     Option("execution.checkpointing.timeout", _POS_DUR, "10 min",

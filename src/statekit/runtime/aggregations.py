@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from statekit.runtime.functions import FilterFunction, Function, KeyedProcessFunction, RuntimeContext
+from statekit.runtime.timers import MAX_WATERMARK
 from statekit.state.api import ReduceFunction
 from statekit.state.descriptors import ValueStateDescriptor
 
@@ -98,12 +99,21 @@ class ReduceAdapter(KeyedProcessFunction):
         if isinstance(self.func, Function):
             self.func.open(runtime_context)
         self.state = runtime_context.get_state(ValueStateDescriptor(REDUCE_STATE))
+        # BATCH execution emits each key's final value only, from a timer at the key's end
+        self.batch = runtime_context.get_job_parameter("execution.runtime-mode") == "BATCH"
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Iterable[Any]:
         acc = self.state.value()
+        if acc is None and self.batch:
+            ctx.timer_service().register_event_time_timer(MAX_WATERMARK)
         acc = value if acc is None else self._reduce(acc, value)
         self.state.update(acc)
-        return (acc,)
+        return () if self.batch else (acc,)
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext
+                 ) -> Iterable[Any]:
+        acc = self.state.value()
+        return () if acc is None else (acc,)
 
     def close(self) -> None:
         if isinstance(self.func, Function):

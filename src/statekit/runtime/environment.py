@@ -19,10 +19,11 @@ from statekit.checkpoint.config import (  # noqa: F401 (storage_from_config: kep
     storage_from_config,
 )
 from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
-from statekit.errors import ConfigError
+from statekit.errors import ConfigError, ConfigTypeError
 from statekit.registry import backend_registry
+from statekit.runtime.batch import MODE_KEY, RuntimeExecutionMode
 from statekit.runtime.datastream import DataStream, ProcessedStream
-from statekit.runtime.job import CollectResult, run_sinks
+from statekit.runtime.job import CollectResult, LocalJob
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
 from statekit.runtime.timers import wall_clock_ms
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM
@@ -184,6 +185,18 @@ class StreamExecutionEnvironment:
 
     # --- time --------------------------------------------------------------------------------------
 
+    def set_runtime_mode(self, execution_mode: RuntimeExecutionMode) -> StreamExecutionEnvironment:
+        """STREAMING (default), or BATCH: the bounded input processed by key, each key's timers
+        fired at its end, without checkpoints (AUTOMATIC is BATCH here: the input is bounded)."""
+        if not isinstance(execution_mode, RuntimeExecutionMode):
+            raise ConfigTypeError(MODE_KEY, "expected a RuntimeExecutionMode, got "
+                                            f"{type(execution_mode).__name__}")
+        self._config[MODE_KEY] = execution_mode.name
+        return self
+
+    def get_runtime_mode(self) -> RuntimeExecutionMode:
+        return RuntimeExecutionMode[cfg.read(self._config, MODE_KEY)]
+
     def set_processing_time_clock(self, clock: Callable[[], int]) -> StreamExecutionEnvironment:
         """The clock processing-time timers and ``current_processing_time()`` read (epoch
         milliseconds; default: the machine's clock).  A statekit extension: tests drive it
@@ -223,8 +236,10 @@ class StreamExecutionEnvironment:
         return sinks
 
     def execute(self, job_name: str | None = None) -> list[CollectResult]:
-        """Run every stream that ends in ``add_sink``, each as its own job."""
-        return run_sinks(self, job_name)
+        """Run every stream that ends in ``add_sink`` (or has a side output that does), each
+        as its own job."""
+        return [LocalJob(stream, job_name, None, None, sink=sink).run()
+                for stream, sink in self.take_sinks()]
 
 
 def backend_from_config(conf: Mapping[str, Any]) -> StateBackend:

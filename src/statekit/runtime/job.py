@@ -26,6 +26,7 @@ from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.checkpoint.schema import recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
+from statekit.runtime.batch import MODE_KEY, check_batch_job, is_batch, process_bounded
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import OutputTag, side_output_of
 from statekit.runtime.operator import KeyedOperator
@@ -164,6 +165,9 @@ class LocalJob:
         self.access: CheckpointStorageAccess = self.storage.create_access(self.job_id)
         self.outputs = _Outputs(sink=sink, side_sinks=dict(stream._side_sinks))
         self.stats: list[CheckpointStats] = []
+        self.batch = is_batch(self.env.get_runtime_mode())
+        if self.batch:
+            check_batch_job(self, savepoint_dir)
 
     # --- the job --------------------------------------------------------------------------------
 
@@ -255,7 +259,8 @@ class LocalJob:
             try:
                 op = KeyedOperator(self.func, backend, task_name=name, index=index,
                                    max_parallelism=self.max_parallelism,
-                                   parallelism=self.parallelism, attempt=attempt, clock=self.clock)
+                                   parallelism=self.parallelism, attempt=attempt, clock=self.clock,
+                                   job_parameters={MODE_KEY: "BATCH" if self.batch else "STREAMING"})
             except StatekitError:
                 backend.dispose()
                 raise
@@ -277,6 +282,14 @@ class LocalJob:
     def _process(self, tasks: list[_Task], coordinator: CheckpointCoordinator,
                  restore: _RestorePoint | None) -> int:
         """Run the source to its end or until ``limit`` outputs are committed; the position."""
+        if self.batch:  # no checkpoints: the outputs are final once the input is processed
+            try:
+                position = process_bounded(self, tasks)
+            except Exception as exc:
+                raise _UserFailure() from exc
+            self.outputs.release(self.outputs.open)
+            self.outputs.open = []
+            return position
         position = int(restore.metadata.get("source", {}).get("offset", 0)) if restore else 0
         source = self.source
         maxp, p = self.max_parallelism, self.parallelism
@@ -434,11 +447,3 @@ def _close_quietly(task: _Task) -> None:
 def _transfer_threads(backend: Any) -> int:
     getter = getattr(backend, "get_number_of_transfering_threads", None)
     return int(getter()) if callable(getter) else 1
-
-
-def run_sinks(env: Any, job_name: str | None) -> list[CollectResult]:
-    """Run each stream registered with ``add_sink`` as its own job."""
-    results = []
-    for stream, sink in env.take_sinks():
-        results.append(LocalJob(stream, job_name, None, None, sink=sink).run())
-    return results

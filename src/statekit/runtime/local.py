@@ -2,7 +2,7 @@
 :mod:`statekit.runtime.datastream` and the job in :mod:`statekit.runtime.job`."""
 
 from statekit.runtime.datastream import DataStream, KeyedStream, ProcessedStream
-from statekit.runtime.job import OPERATOR, CollectResult, LocalJob, run_sinks
+from statekit.runtime.job import OPERATOR, CollectResult, LocalJob
 
 __all__ = [
     "OPERATOR",
@@ -11,5 +11,4 @@ __all__ = [
     "KeyedStream",
     "LocalJob",
     "ProcessedStream",
-    "run_sinks",
 ]

@@ -63,6 +63,7 @@ LOCAL_ONLY = {
         "nothing: a damaged partition version fails the task with a typed error, and Spark's "
         "own retries or a restore from a savepoint (" + SAVEPOINT_KEY + ") recover",
     "parallelism.default": "spark.sql.shuffle.partitions (or foreach_batch's num_partitions)",
+    "execution.runtime-mode": "a batch query (spark.read) or writeStream.trigger(availableNow=True)",
 }
 
 
