@@ -96,6 +96,16 @@ def test_export_reads_back_equal(jobs, tmp_path, fmt):
             assert frame["ttl_timestamp"].notna().all()
 
 
+@pytest.mark.parametrize(("suffix", "read"), [
+    ("csv", pd.read_csv), ("jsonl", lambda p: pd.read_json(p, lines=True)),
+    ("json", lambda p: pd.read_json(p, lines=True)), ("out", pd.read_parquet)])
+def test_export_format_follows_the_target_suffix(jobs, tmp_path, suffix, read):
+    target = str(tmp_path / f"count.{suffix}")
+    out = run("state", "export", jobs["hashmap"].path, "--state", "count", "--to", target)
+    assert as_model(read(target), "value") == model()["count"]
+    assert f"({'parquet' if suffix == 'out' else 'csv' if suffix == 'csv' else 'jsonl'}" in out
+
+
 def test_export_to_s3_with_progress_silent(jobs, s3_server, s3_url):
     options = [f"endpoint_url={s3_server.endpoint_url}", "key=statekit-test",
                "secret=statekit-test-secret"]

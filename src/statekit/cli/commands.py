@@ -273,13 +273,19 @@ def gc(path: str, as_json: bool, delete: bool, storage_options: dict[str, Any]) 
 _TYPES = click.Choice(["auto", "json", "string", "int64", "int32", "double", "binary", "bool"])
 
 
+#: the export format a target's suffix names, when --format is not given
+_SUFFIX_FORMATS = {"csv": "csv", "jsonl": "jsonl", "json": "jsonl", "ndjson": "jsonl",
+                   "parquet": "parquet", "pq": "parquet"}
+
+
 @state.command()
 @click.argument("path")
 @click.option("--state", "name", help="The state to export.")
 @click.option("--timers", is_flag=True,
               help="Export the timers instead (key, timestamp, domain), both time domains.")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl"]),
-              default="parquet", show_default=True)
+              help="Default: from the --to file's suffix (.csv, .jsonl/.json/.ndjson), else "
+                   "parquet.")
 @click.option("--to", "target", required=True, help="Output file (a path or fsspec URL).")
 @click.option("--operator", help="The operator, when several hold a state of that name.")
 @click.option("--batch", type=int, help="Spark: each partition's version of this batch.")
@@ -291,7 +297,7 @@ _TYPES = click.Choice(["auto", "json", "string", "int64", "int32", "double", "bi
               help="fsspec option for the output URL; repeatable.")
 @_SNAPSHOTS_ONLY
 @common
-def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str, target: str,
+def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str | None, target: str,
            operator: str | None, batch: int | None, key_type: str, value_type: str,
            compression: str, target_opts: tuple[str, ...], snapshots_only: bool,
            storage_options: dict[str, Any]) -> None:
@@ -300,6 +306,7 @@ def export(path: str, as_json: bool, name: str | None, timers: bool, fmt: str, t
 
     if (name is None) == (not timers):
         raise click.UsageError("give --state NAME or --timers (one of them)")
+    fmt = fmt or _SUFFIX_FORMATS.get(target.rsplit(".", 1)[-1].lower(), "parquet")
     view = _open(path, batch=batch, storage_options=storage_options, snapshots_only=snapshots_only)
     chosen = view.timers(operator) if timers else view.state(str(name), operator)
     with output.progress(f"exporting {chosen.name}", chosen.bytes) as advance:
