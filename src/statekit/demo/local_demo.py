@@ -21,6 +21,7 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
+from statekit.demo import check_backend_flag
 
 
 class UserTotals(KeyedProcessFunction):
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--users", type=int, default=5_000)
     args = parser.parse_args(argv)
+    check_backend_flag(parser, args.backend)
     directory = args.dir or tempfile.mkdtemp(prefix="statekit-demo-")
     all_events = events(args.events, args.users)
     half = len(all_events) // 2

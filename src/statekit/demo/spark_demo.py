@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
+from statekit.demo import check_backend_flag
 from statekit.errors import StatekitError
 
 SESSION_GAP_MS = 30 * 60 * 1000
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                              "kept afterwards, so the state can be inspected")
     args = parser.parse_args(argv)
     try:
+        check_backend_flag(parser, args.backend)  # a typo fails here, before Spark starts
         return run(args)
     except StatekitError as exc:  # raised by the adapter call, before any query starts
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
