@@ -176,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
         found = statekit_error(exc)
         print(f"error: {type(found).__name__}: {found}" if found else f"error: {exc}", flush=True)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: say what is kept instead of a traceback
+        print(f"\ninterrupted; the work directory is kept: statekit checkpoints inspect "
+              f"{work}/query (then: rm -rf {work})", flush=True)
+        return 130
     finally:
         spark.stop()
     print(f"    statekit's checkpoints: {work}/query/statekit (beside the query's own)")

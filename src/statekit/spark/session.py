@@ -161,7 +161,13 @@ def cleanup() -> list[str]:
     """Remove working directories whose owners (stopped Spark workers) are dead; the removed."""
     with _roots_lock:
         roots = sorted(_roots)
-    return [str(p) for root in roots for p in workdirs.sweep(root)]
+    removed: list[str] = []
+    try:
+        for root in roots:
+            removed += [str(p) for p in workdirs.sweep(root)]
+    except KeyboardInterrupt:  # Ctrl-C while exiting: the next driver's sweep finishes the job
+        pass
+    return removed
 
 
 atexit.register(cleanup)
