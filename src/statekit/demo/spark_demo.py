@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_backend_flag(parser, args.backend)  # a typo fails here, before Spark starts
         return run(args)
+    except KeyboardInterrupt:  # Ctrl-C before the query started (run() reports later ones)
+        print("\ninterrupted", flush=True)
+        return 130
     except StatekitError as exc:  # raised by the adapter call, before any query starts
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
         return 2
