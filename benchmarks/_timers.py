@@ -155,8 +155,9 @@ def rearm_function(period: int) -> Any:
 
 
 class RawHeapCase:
-    """The baseline of the heap queues: ``heapq`` over ``(timestamp, sequence, key)`` tuples, the
-    entries ``HeapTimerQueue`` keeps, popped and pushed the same way with nothing around them."""
+    """A binary heap baseline: ``heapq`` over the ``(timestamp, sequence, key)`` tuples that
+    ``HeapTimerQueue`` keeps in its sorted list, with nothing around them (what a binary heap of
+    Python objects costs by itself as it outgrows the CPU caches)."""
 
     series = "heapq"
 

@@ -84,11 +84,13 @@ def checkpoint_table(runs: list[dict[str, Any]]) -> str:
 
 def sessions_table(rows_in: list[dict[str, Any]]) -> str:
     header = ["path", "backend", "time", "rows", "users", "wall", "rows/s", "x Spark's TWS",
-              "sessions", "= pandas", "= Spark's"]
+              "sessions", "= pandas", "= Spark's", "load avg (start-end)"]
     rows = [[r["path"], r["backend"], r["domain"], f"{r['rows']:,}", f"{r['keys']:,}",
              f"{r['wall_s']} s", f"{r['rows_per_s']:,.0f}",
-             _fmt(r.get("ratio_to_spark_tws")) if "ratio_to_spark_tws" in r else "(baseline)",
-             f"{r['sessions']:,}", r["correct"], r.get("same_sessions_as_spark", "-")]
+             _fmt(r.get("ratio_to_spark_tws")) if "ratio_to_spark_tws" in r
+             else ("(baseline)" if r.get("baseline", True) else "(slower run of Spark's)"),
+             f"{r['sessions']:,}", r["correct"], r.get("same_sessions_as_spark", "-"),
+             "-".join(f"{x:g}" for x in r.get("loadavg_1m_start_end", []))]
             for r in rows_in]
     return _table(header, rows)
 
