@@ -151,9 +151,13 @@ def section_timers(data: dict[str, Any], sessions_json: Path, img: Path, rel: st
     """The section's Markdown and its lines for the summary against the targets."""
     firing, ckpts, sessions = _firing(data), _checkpoints(data), load_sessions(sessions_json)
     summary: list[str] = []
+    runs = sorted({b["extra_info"]["run"][:16].replace("T", " ") for b in data.get("benchmarks", [])
+                   if b["name"].startswith("test_timer_") and b.get("extra_info", {}).get("run")})
     parts = ["## Timers", "",
              "From `benchmarks/test_timers_bench.py` and `benchmarks/test_spark_sessions.py`, whose "
-             "docstrings describe the method.", ""]
+             "docstrings describe the method"
+             + (f"; the timer benchmarks ran on their own ({', '.join(runs)} UTC), not in the run "
+                "named at the top, with the load average given per row" if runs else "") + ".", ""]
     if firing:
         largest = {}
         for e in firing:
