@@ -552,7 +552,7 @@ def machine(data: dict[str, Any]) -> str:
              f"rocksdict {sk['rocksdict']}" if sk.get("rocksdict") else None,
              "virtio disk, ext4"]
     loads = [b["extra_info"]["loadavg"][0] for b in data.get("benchmarks", [])
-             if b.get("extra_info", {}).get("loadavg")]
+             if b.get("extra_info", {}).get("loadavg") and "run" not in b["extra_info"]]
     load_txt = (f" 1-minute load average during the run: {min(loads):.1f}-{max(loads):.1f} on 2 vCPUs"
                 if loads else "")
     return (", ".join(p for p in parts if p) + f". Commit `{str(commit.get('id', '?'))[:10]}`"

@@ -53,18 +53,22 @@ DISORDER_MS = 20_000
 PROCESSING_GAP = 1  # ms: a user's events of one batch are one session, closed in the next batch
 T0 = 1_700_000_000_000
 
-#: (path, backend): ``spark-rocksdb`` is Spark's own state store and timers
+#: (path, backend): ``spark-rocksdb`` is Spark's own state store and timers, run before and
+#: after statekit's paths of its time domain (the machine is shared: the faster of its two runs
+#: is the baseline)
 SESSION_PATHS = [
     ("spark_tws_event", "spark-rocksdb"),
     ("transform_with_state_event", "hashmap"),
     ("transform_with_state_event", "rocksdb"),
     ("foreach_batch_event", "hashmap"),
     ("foreach_batch_event", "rocksdb"),
+    ("spark_tws_event", "spark-rocksdb"),
     ("spark_tws_processing", "spark-rocksdb"),
     ("transform_with_state_processing", "hashmap"),
     ("transform_with_state_processing", "rocksdb"),
     ("foreach_batch_processing", "hashmap"),
     ("foreach_batch_processing", "rocksdb"),
+    ("spark_tws_processing", "spark-rocksdb"),
 ]
 TARGET_RATIO = 2.0
 
@@ -311,14 +315,20 @@ def warm_up(spark: Any, inputs: Inputs) -> None:
 
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each statekit path's rows/s against Spark's own of the same time domain, and whether the
-    sessions equal Spark's (both checked against pandas)."""
-    native = {r["domain"]: r for r in results if r["path"].startswith("spark_tws_")}
+    """Each statekit path's rows/s against Spark's own of the same time domain (the faster of
+    its runs), and whether the sessions equal Spark's (both checked against pandas)."""
+    native: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if r["path"].startswith("spark_tws_") and (
+                r["domain"] not in native or r["rows_per_s"] > native[r["domain"]]["rows_per_s"]):
+            native[r["domain"]] = r
     out = []
     for r in results:
         r = dict(r)
         ref = native.get(r["domain"])
-        if ref is not None and not r["path"].startswith("spark_tws_"):
+        if r["path"].startswith("spark_tws_"):
+            r["baseline"] = ref is not None and r["rows_per_s"] == ref["rows_per_s"]
+        elif ref is not None:
             r["ratio_to_spark_tws"] = round(r["rows_per_s"] / ref["rows_per_s"], 2)
             r["same_sessions_as_spark"] = bool(
                 r["correct"] and ref["correct"] and r["sessions"] == ref["sessions"]

@@ -16,8 +16,8 @@ ratios.  Levels: the backend's queue through ``InternalTimerService`` (heap; Roc
 default timer service ``ROCKSDB``; RocksDB with ``HEAP``), and end to end through the test harness
 (``KeyedOneInputStreamOperatorTestHarness.process_watermark``: ``on_timer`` of a function that
 updates a value state, re-registers its timer and emits a row).  Beside the heap backend, a raw
-``heapq`` of the same ``(timestamp, sequence, key)`` entries, popped the same way, shows what a
-binary heap of Python objects costs by itself as it outgrows the CPU caches.
+``heapq`` of the same ``(timestamp, sequence, key)`` entries shows what a binary heap of Python
+objects costs by itself as it outgrows the CPU caches (the heap queues keep a sorted list).
 
 Checkpoints (``test_timer_checkpoint_restore``): a full checkpoint of ``n`` timers to
 ``FileSystemCheckpointStorage`` and its restore from a cold page cache (until the queue is usable),

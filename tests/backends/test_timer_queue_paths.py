@@ -130,6 +130,49 @@ def test_queues_match_a_sorted_set(tmp_path, kind):
         backend.dispose()
 
 
+@pytest.mark.parametrize("cached", [1, 3])
+def test_rocksdb_cached_heads_match_a_sorted_set(tmp_path, monkeypatch, cached):
+    """The RocksDB queue keeps each key group's first entries in memory: with a cache of 1 and 3
+    entries, every path (an add before, inside and after the cached entries of a complete and an
+    incomplete group, a cached entry removed, the cache run out and read again) stays the
+    model's sorted set, and a queue opened again over the same column families reads the same
+    timers."""
+    import statekit.backends.rocksdb.timers as rocksdb_timers
+
+    monkeypatch.setattr(rocksdb_timers, "CACHED", cached)
+    factory = EmbeddedRocksDBStateBackend()
+    factory.set_db_storage_paths(str(tmp_path))
+    backend = _backend(factory, max_parallelism=2)
+    try:
+        model = _model_run(backend.timer_queue(EVENT_TIMERS), seed=cached, steps=2_000)
+        again = rocksdb_timers.RocksDBTimerQueue(EVENT_TIMERS, backend)
+        assert sorted((t, k) for k, t in again.drain(1 << 40)) == sorted(model)
+    finally:
+        backend.dispose()
+
+
+def test_rocksdb_firing_reads_the_index_once_per_cached_entries(tmp_path):
+    """Firing takes a key group's next timer from the entries the queue read ahead: 1,000 timers
+    of one key group fire with one index read per 128 of them.  An iterator per fired timer
+    (one seek each) cost more the more files and levels the index has."""
+    from statekit.backends.rocksdb.timers import CACHED
+
+    factory = EmbeddedRocksDBStateBackend()
+    factory.set_db_storage_paths(str(tmp_path))
+    backend = _backend(factory, max_parallelism=1)  # one key group
+    try:
+        queue = backend.timer_queue(EVENT_TIMERS)
+        n = 1_000
+        for key in range(n):
+            queue.add(key, 1_000 + key % 7)
+        spy = queue._time = SeekSpy(queue._time)
+        fired = list(queue.drain(10_000))
+        assert [t for _, t in fired] == sorted(1_000 + key % 7 for key in range(n))
+        assert len(spy.seeks) <= n // CACHED + 1, f"{len(spy.seeks)} index reads firing {n}"
+    finally:
+        backend.dispose()
+
+
 def test_heap_queue_rebuilds_during_a_pending_snapshot():
     """Removing many timers rebuilds the heap from the table, also while a snapshot holds it
     (keys removed then are tombstones, keys added then are staged): nothing lost, nothing

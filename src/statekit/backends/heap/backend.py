@@ -145,7 +145,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     # --- timers ------------------------------------------------------------------------------------
 
     def timer_queue(self, name: str, create: bool = True) -> TimerQueue | None:
-        """The timer queue ``name``: a heap table (snapshotted like every state) and a binary heap
+        """The timer queue ``name``: a heap table (snapshotted like every state) and a sorted list
         rebuilt from the restored timers."""
         queue = self._timer_queues.get(name)
         if queue is not None:

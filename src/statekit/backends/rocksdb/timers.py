@@ -6,17 +6,21 @@ savepoints and the inspection tools read it as each key's list of timestamps.  T
 ``_timer_state/<queue>/by-time`` holds ``key group + timestamp + key``, so within a key group the
 earliest timer is the first entry from the group's prefix (Flink's RocksDB timer service orders
 its column family the same way).  Timestamps are 8 bytes, big-endian, offset by 2**63 so that
-byte order is numeric order.  In memory the queue keeps each key group's earliest entry and a
-binary heap over their timestamps: finding the next due timer is O(1), and firing one is two
-deletes and one seek, from the fired entry, for the group's next one.
+byte order is numeric order.  In memory the queue keeps each key group's first index entries
+(up to ``CACHED`` of them, Flink's ``RocksDBCachingPriorityQueueSet``) and a binary heap over
+the groups' earliest timestamps: finding the next due timer is O(1), and firing one is two
+deletes and a pop from the group's cached entries; the index is read again, ``CACHED`` entries
+with one iterator, only when a group's cached entries run out.  An iterator per fired timer
+would cost more the more files and levels the index has (10^7 timers are several levels).
 
-Seeking from the fired entry, bounded by the key group's end, matters: the deletes leave
-tombstones at the head of the index until compaction drops them, and a seek from the group's
-prefix would step over every timer fired since, making each fire slower than the last.
+Reading again from the last fired entry, bounded by the key group's end, matters: the deletes
+leave tombstones at the head of the index until compaction drops them, and a read from the
+group's prefix would step over every timer fired since, making each fire slower than the last.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
 
 INDEX_SUFFIX = "/by-time"
 _OFFSET = 1 << 63
+#: how many of a key group's first index entries the queue keeps in memory (Flink keeps 128)
+CACHED = 128
 
 
 def index_name(state_name: str) -> str:
@@ -68,7 +74,10 @@ class RocksDBTimerQueue(TimerQueue):
         self._b = backend
         self.state_name = timer_state_name(name)
         self._heads: dict[int, int] = {}  # key group -> its earliest timestamp
-        self._head_keys: dict[int, bytes] = {}  # key group -> its earliest entry in the index
+        # key group -> its first index entries, in order; ``_complete`` holds the groups whose
+        # list is all of their entries (a group without timers has no list)
+        self._cache: dict[int, list[bytes]] = {}
+        self._complete: set[int] = set()
         self._order: list[tuple[int, int]] = []  # (timestamp, key group), stale entries skipped
         self._bounds: dict[int, ReadOptions] = {}  # key group -> reads that stop at its end
         self.bind()
@@ -88,42 +97,51 @@ class RocksDBTimerQueue(TimerQueue):
         self._keys = self._time = bad
 
     def _scan_heads(self) -> None:
-        """Each key group's earliest timer, one seek per non-empty key group."""
+        """Each non-empty key group's first entries, one seek per key group."""
         it = self._time.iter()
         it.seek_to_first()
         while it.valid():
             key = it.key()
             kg = int.from_bytes(key[:2], "big")
-            self._set_head(kg, key)
+            self._load(kg, key)
             it.seek((kg + 1).to_bytes(2, "big"))
         del it
 
-    def _set_head(self, kg: int, entry: bytes | None) -> None:
-        """Key group ``kg``'s earliest index entry is ``entry`` (None: the group has no timers)."""
-        if entry is None:
-            self._heads.pop(kg, None)
-            self._head_keys.pop(kg, None)
-            return
-        timestamp = _ts(entry[2:10])
-        self._head_keys[kg] = entry
-        if self._heads.get(kg) != timestamp:
-            self._heads[kg] = timestamp
-            heapq.heappush(self._order, (timestamp, kg))
-
-    def _first_from(self, kg: int, start: bytes) -> bytes | None:
-        """The first index entry of key group ``kg`` at or after ``start``, reading no further
-        than the group's end (so neither its fired timers nor the next group's are stepped
-        over)."""
+    def _load(self, kg: int, start: bytes) -> None:
+        """Cache key group ``kg``'s first ``CACHED`` index entries at or after ``start`` (the
+        group's first ones: nothing before ``start`` is left), reading no further than the
+        group's end."""
         bound = self._bounds.get(kg)
         if bound is None:
             bound = self._bounds[kg] = ReadOptions()
             bound.set_iterate_upper_bound((kg + 1).to_bytes(2, "big"))
         it = self._time.iter(bound)
         it.seek(start)
+        entries = []
         try:
-            return it.key() if it.valid() else None
+            while len(entries) < CACHED and it.valid():
+                entries.append(it.key())
+                it.next()
+            complete = not it.valid()
         finally:
             del it
+        if complete:
+            self._complete.add(kg)
+        else:
+            self._complete.discard(kg)
+        if entries:
+            self._cache[kg] = entries
+            self._set_head(kg, entries[0])
+        else:
+            self._cache.pop(kg, None)
+            self._heads.pop(kg, None)
+
+    def _set_head(self, kg: int, entry: bytes) -> None:
+        """Key group ``kg``'s earliest index entry is ``entry``."""
+        timestamp = _ts(entry[2:10])
+        if self._heads.get(kg) != timestamp:
+            self._heads[kg] = timestamp
+            heapq.heappush(self._order, (timestamp, kg))
 
     def add(self, key: Any, timestamp: int) -> bool:
         prefix = self._b.key_prefix(key)
@@ -136,9 +154,23 @@ class RocksDBTimerQueue(TimerQueue):
         batch.put(index, b"", self._time_handle)
         self._b._db.write(batch)
         kg = int.from_bytes(prefix[:2], "big")
-        head = self._head_keys.get(kg)
-        if head is None or index < head:
+        cached = self._cache.get(kg)
+        if cached is None:  # the group's only timer
+            self._cache[kg] = [index]
+            self._complete.add(kg)
             self._set_head(kg, index)
+        elif index < cached[-1]:  # among the group's first entries
+            bisect.insort(cached, index)
+            if len(cached) > CACHED:
+                cached.pop()
+                self._complete.discard(kg)
+            if cached[0] == index:
+                self._set_head(kg, index)
+        elif kg in self._complete:  # after all of the group's entries
+            if len(cached) < CACHED:
+                cached.append(index)
+            else:
+                self._complete.discard(kg)
         return True
 
     def _delete(self, prefix: bytes, timestamp: int) -> None:
@@ -149,8 +181,19 @@ class RocksDBTimerQueue(TimerQueue):
         batch.delete(index, self._time_handle)
         self._b._db.write(batch)
         kg = int.from_bytes(prefix[:2], "big")
-        if self._head_keys.get(kg) == index:  # the group's next timer follows the deleted one
-            self._set_head(kg, self._first_from(kg, index))
+        cached = self._cache[kg]
+        at = bisect.bisect_left(cached, index)
+        if at == len(cached) or cached[at] != index:
+            return  # beyond the cached entries
+        del cached[at]
+        if cached:
+            if at == 0:
+                self._set_head(kg, cached[0])
+        elif kg in self._complete:  # the group's last timer
+            del self._cache[kg]
+            self._heads.pop(kg, None)
+        else:  # the group's next entries follow the deleted one
+            self._load(kg, index)
 
     def remove(self, key: Any, timestamp: int) -> bool:
         prefix = self._b.key_prefix(key)
@@ -177,7 +220,7 @@ class RocksDBTimerQueue(TimerQueue):
         if top is None or top[0] > limit:
             return None
         timestamp, kg = top
-        index = self._head_keys[kg]
+        index = self._cache[kg][0]
         kb = index[10:]
         self._delete(index[:2] + kb, timestamp)
         return self._b.key_serializer.deserialize(kb), timestamp
