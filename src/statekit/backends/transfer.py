@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekit import workdirs
-from statekit.backends.base import KeyedStateBackend, RestoreSource, StateBackend
+from statekit.backends.base import KeyedStateBackend, RestoreSource, StateBackend, gc_paused
 from statekit.backends.heap.factory import HashMapStateBackend
 from statekit.backends.heap.snapshot import HEAP_CHANGELOG_FORMAT
 from statekit.backends.kvformat import KV_FORMATS
@@ -41,6 +41,12 @@ def restore_into(backend: KeyedStateBackend, sources: list[RestoreSource], *,
                  skip_states: frozenset[str] = frozenset()) -> None:
     """Restore ``(handle, reader)`` sources of any format into ``backend``: its range, only the
     keys ``key_filter`` accepts, without the states named in ``skip_states``."""
+    with gc_paused():
+        _restore(backend, sources, key_filter, skip_states)
+
+
+def _restore(backend: KeyedStateBackend, sources: list[RestoreSource],
+             key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str]) -> None:
     direct: list[RestoreSource] = []
     foreign: list[RestoreSource] = []
     filtering = key_filter is not None or bool(skip_states)

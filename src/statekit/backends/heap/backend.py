@@ -14,7 +14,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
+from statekit.backends.base import (
+    NO_KEY,
+    KeyedStateBackend,
+    RestoreSource,
+    SnapshotRun,
+    StateMeta,
+    gc_paused,
+)
 from statekit.backends.heap.snapshot import (
     HEAP_CHANGELOG_FORMAT,
     RUNS,
@@ -155,17 +162,18 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             return None
         table = HeapTable(meta, track_dirty=self.incremental)
         restored = self._restored.pop(meta.name, None)
-        if restored is not None:
-            if restored.kind != TIMERS_KIND:
-                raise CorruptCheckpointError(
-                    f"state '{meta.name}': expected timers, the checkpoint holds a "
-                    f"{restored.kind} state")
-            check_restored_timers(meta.name, restored.data)
-            # the lists are never changed in place; the dict is, so it is copied while an
-            # asynchronous snapshot still writes the restored one
-            table.data = dict(restored.data) if restored.shared else restored.data
-        self.tables[meta.name] = table
-        queue = HeapTimerQueue(name, table)
+        with gc_paused():  # the restored timers' order is built here
+            if restored is not None:
+                if restored.kind != TIMERS_KIND:
+                    raise CorruptCheckpointError(
+                        f"state '{meta.name}': expected timers, the checkpoint holds a "
+                        f"{restored.kind} state")
+                check_restored_timers(meta.name, restored.data)
+                # the lists are never changed in place; the dict is, so it is copied while an
+                # asynchronous snapshot still writes the restored one
+                table.data = dict(restored.data) if restored.shared else restored.data
+            self.tables[meta.name] = table
+            queue = HeapTimerQueue(name, table)
         if self.timer_interceptor is not None:
             queue = self.timer_interceptor(queue)
         self._timer_queues[name] = queue
