@@ -19,14 +19,14 @@ from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
 
 def _patch_client(handle: Any, task: PartitionTask | None, time_mode: str,
-                  watermark: Callable[[Any], int] = watermark_of) -> None:
+                  watermark_from: Callable[[Any], int] = watermark_of) -> None:
     """Make PySpark's per-task client of Spark's state server serve statekit's timers.
 
     statekit keeps no state in Spark, so the implicit key PySpark sends before each key's call (a
     socket round trip) is not needed; and in the timer phase PySpark asks the client for Spark's
     expired timers, which statekit answers with its own due timers (the timers of keys without
     input in the batch fire there).  Only this task's client changes; a PySpark without that
-    client keeps its behaviour, and the adapter then refuses timers.  ``watermark`` turns
+    client keeps its behaviour, and the adapter then refuses timers.  ``watermark_from`` turns
     Spark's watermark into the one timers fire by (Spark's own APIs keep Spark's value).
     """
     client = getattr(handle, "_statefulProcessorApiClient", None)
@@ -43,7 +43,7 @@ def _patch_client(handle: Any, task: PartitionTask | None, time_mode: str,
         # then makes yields all their output as one frame: a call, a round trip for the time and
         # an output frame per timer cost more than the timers' own work
         processing, watermark = client.get_timestamps(time_mode)
-        task.set_time(int(processing), watermark(watermark))
+        task.set_time(int(processing), watermark_from(watermark))
         task.firing = task.fire_due()
         if not task.firing:
             raise StopIteration

@@ -115,7 +115,7 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
                 return
             task = self.task = PartitionTask(spec, TaskInfo.current())
             task.firing = None
-            _patch_client(handle, task, mode, watermark=int)
+            _patch_client(handle, task, mode, watermark_from=int)
             if mode == "None":  # Spark hands no time to the calls: ask its state server once
                 _batch_time(handle, task)
             self.function: CompatFunction = task.function
