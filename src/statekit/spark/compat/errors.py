@@ -56,3 +56,11 @@ def spark_error(kind: str, error_class: str, parameters: dict[str, str]) -> Base
 
     spark_class = getattr(errors, f"PySpark{kind}")
     return typed(spark_class(errorClass=error_class, messageParameters=parameters))
+
+
+def spark_message_error(kind: str, message: str) -> BaseException:
+    """A typed error of PySpark's ``kind`` with a plain message (as PySpark's state clients
+    raise them)."""
+    import pyspark.errors as errors
+
+    return typed(getattr(errors, f"PySpark{kind}")(message))

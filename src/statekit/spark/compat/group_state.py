@@ -93,8 +93,9 @@ class GroupStateFunction(CompatFunction):
             eventTimeWatermarkMs=watermark, timeoutConf=self.timeout_conf,
             hasTimedOut=timed_out, watermarkPresent=self.watermark_present,
             defined=value is not None, updated=False, removed=False,
-            timeoutTimestamp=old_timeout, keyAsUnsafe=b"", valueSchema=self.state_schema)
-        state._timeout_timestamp = NO_TIMESTAMP  # Spark: each call starts without a timeout
+            timeoutTimestamp=NO_TIMESTAMP, keyAsUnsafe=b"", valueSchema=self.state_schema)
+        # as on Spark: each call starts without a timeout (set it again every call), and
+        # oldTimeoutTimestamp is that of the call's fresh state, not the key's stored one
         out = flatten(self.func(key, frames, state))
         self._save(state, old_timeout, timed_out)
         return out

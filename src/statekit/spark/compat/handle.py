@@ -15,6 +15,7 @@ from typing import Any
 
 from statekit.errors import StateError, StateTypeError
 from statekit.runtime.timers import TimeDomain
+from statekit.spark.compat.errors import spark_message_error
 from statekit.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -47,15 +48,21 @@ def normalize(value: Any) -> Any:
 class Schema:
     """A state variable's schema: checks values at the call and converts them both ways."""
 
-    def __init__(self, schema: Any, what: str, state_name: str) -> None:
+    def __init__(self, schema: Any, what: str, state_name: str,
+                 parsed: dict[str, Any] | None = None) -> None:
         from pyspark.sql.types import StructType, _make_type_verifier, _parse_datatype_string
 
         if isinstance(schema, str):
-            try:
-                schema = _parse_datatype_string(schema)
-            except Exception as exc:
-                raise StateTypeError(f"{what}: not a Spark schema: {schema!r} ({exc})",
-                                     state_name) from None
+            if parsed is not None and schema in parsed:  # parsed in the driver (a worker has
+                schema = parsed[schema]                   # no JVM to parse DDL with)
+            else:
+                try:
+                    text, schema = schema, _parse_datatype_string(schema)
+                except Exception as exc:
+                    raise StateTypeError(f"{what}: not a Spark schema: {schema!r} ({exc})",
+                                         state_name) from None
+                if parsed is not None:
+                    parsed[text] = schema
         if not isinstance(schema, StructType):
             raise StateTypeError(f"{what}: expected a StructType or a DDL string, got "
                                  f"{type(schema).__name__}", state_name)
@@ -86,89 +93,134 @@ def _descriptor(descriptor: StateDescriptor, ttl: int | None) -> StateDescriptor
     return descriptor
 
 
-class ValueState:
+class _Variable:
+    """What every state variable shares: its name, and Spark's error once it was deleted."""
+
+    kind = ""
+    deleted = False
+
+    def __init__(self, handle: Handle, name: str) -> None:
+        self._name = name
+        handle.variables[name] = self
+
+    def _live(self, action: str) -> None:
+        if self.deleted:  # Spark's client reports a deleted variable with these words
+            raise spark_message_error(
+                "RuntimeError", f"Error {action.format(kind=self.kind)}: state variable "
+                                f"{self._name!r} was deleted by deleteIfExists")
+
+
+class ValueState(_Variable):
     """Spark's ``ValueState`` on statekit state."""
 
+    kind = "value"
+
     def __init__(self, handle: Handle, name: str, schema: Any, ttl: int | None) -> None:
-        self._schema = Schema(schema, "schema", name)
+        super().__init__(handle, name)
+        self._schema = Schema(schema, "schema", name, handle.parsed)
         self._state = handle.state(_descriptor(ValueStateDescriptor(name), ttl), name)
 
     def exists(self) -> bool:
+        self._live("checking {kind} state exists")
         return self._state.value() is not None
 
     def get(self) -> tuple[Any, ...] | None:
+        self._live("getting {kind} state")
         stored = self._state.value()
         return None if stored is None else self._schema.external(stored)
 
     def update(self, newValue: tuple[Any, ...]) -> None:
+        self._live("updating {kind} state")
         self._state.update(self._schema.internal(newValue))
 
     def clear(self) -> None:
+        self._live("clearing {kind} state")
         self._state.clear()
 
 
-class ListState:
+class ListState(_Variable):
     """Spark's ``ListState`` on statekit state (each element with its own TTL)."""
 
+    kind = "list"
+
     def __init__(self, handle: Handle, name: str, schema: Any, ttl: int | None) -> None:
-        self._schema = Schema(schema, "schema", name)
+        super().__init__(handle, name)
+        self._schema = Schema(schema, "schema", name, handle.parsed)
         self._state = handle.state(_descriptor(ListStateDescriptor(name), ttl), name)
 
     def exists(self) -> bool:
+        self._live("checking {kind} state exists")
         return bool(self._state.get())
 
     def get(self) -> Iterator[tuple[Any, ...]]:
+        self._live("getting {kind} state")
         return iter([self._schema.external(v) for v in self._state.get() or ()])
 
     def put(self, newState: list[tuple[Any, ...]]) -> None:
+        self._live("updating {kind} state")
         self._state.update([self._schema.internal(v) for v in newState])
 
     def appendValue(self, newState: tuple[Any, ...]) -> None:
+        self._live("appending {kind} state")
         self._state.add(self._schema.internal(newState))
 
     def appendList(self, newState: list[tuple[Any, ...]]) -> None:
+        self._live("appending {kind} state")
         self._state.add_all([self._schema.internal(v) for v in newState])
 
     def clear(self) -> None:
+        self._live("clearing {kind} state")
         self._state.clear()
 
 
-class MapState:
+class MapState(_Variable):
     """Spark's ``MapState`` on statekit state (each entry with its own TTL)."""
+
+    kind = "map"
 
     def __init__(self, handle: Handle, name: str, key_schema: Any, value_schema: Any,
                  ttl: int | None) -> None:
-        self._keys = Schema(key_schema, "userKeySchema", name)
-        self._values = Schema(value_schema, "valueSchema", name)
+        super().__init__(handle, name)
+        self._keys = Schema(key_schema, "userKeySchema", name, handle.parsed)
+        self._values = Schema(value_schema, "valueSchema", name, handle.parsed)
         self._state = handle.state(_descriptor(MapStateDescriptor(name), ttl), name)
 
     def exists(self) -> bool:
+        self._live("checking {kind} state exists")
         return not self._state.is_empty()
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        self._live("getting {kind} state")
         stored = self._state.get(self._keys.internal(key))
         return None if stored is None else self._values.external(stored)
 
     def containsKey(self, key: tuple[Any, ...]) -> bool:
+        self._live("checking {kind} state contains key")
         return bool(self._state.contains(self._keys.internal(key)))
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self._live("updating {kind} state")
         self._state.put(self._keys.internal(key), self._values.internal(value))
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        self._live("getting {kind} state")
         return iter([(self._keys.external(k), self._values.external(v))
                      for k, v in self._state.items()])
 
     def keys(self) -> Iterator[tuple[Any, ...]]:
+        self._live("getting {kind} state")
         return iter([self._keys.external(k) for k in self._state])
 
     def values(self) -> Iterator[tuple[Any, ...]]:
+        self._live("getting {kind} state")
         return iter([self._values.external(v) for v in self._state.values()])
 
     def removeKey(self, key: tuple[Any, ...]) -> None:
+        self._live("removing from {kind} state")
         self._state.remove(self._keys.internal(key))
 
     def clear(self) -> None:
+        self._live("clearing {kind} state")
         self._state.clear()
 
 
@@ -180,12 +232,16 @@ class Handle:
     the declarations: statekit runs the user's ``init`` that way at the call, in the driver.
     """
 
-    def __init__(self, time_mode: str, context: Any = None, timers: Any = None) -> None:
+    def __init__(self, time_mode: str, context: Any = None, timers: Any = None,
+                 parsed: dict[str, Any] | None = None) -> None:
         self.time_mode = time_mode
+        #: DDL schema strings -> StructType, parsed in the driver
+        self.parsed = {} if parsed is None else parsed
         self.context = context
         self.timers = timers
         self.in_init = True
         self.declared: dict[str, str] = {}
+        self.variables: dict[str, _Variable] = {}
 
     # --- state variables ---------------------------------------------------------------------
 
@@ -229,9 +285,13 @@ class Handle:
         return MapState(self, stateName, userKeySchema, valueSchema, ttl)
 
     def deleteIfExists(self, stateName: str) -> None:
-        raise StateError("deleteIfExists is not supported on statekit state: stop declaring "
-                         "the variable instead (its data stays until the query's state is "
-                         "reset)", stateName)
+        """Delete the variable: using it raises Spark's error from now on.  Its stored values
+        are not purged (statekit cannot list a state's keys): a variable declared again under a
+        deleted name in a later batch sees them."""
+        variable = self.variables.get(stateName)
+        if variable is not None:
+            variable.deleted = True
+        self.declared.pop(stateName, None)
 
     # --- timers ----------------------------------------------------------------------------------
 
@@ -245,10 +305,13 @@ class Handle:
                 else TimeDomain.EVENT_TIME)
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
-        self.timers.register(self._domain("registerTimer"), int(expiryTimestampMs))
+        domain = self._domain("registerTimer")
+        self.timers.register(domain, int(expiryTimestampMs))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        self.timers.delete(self._domain("deleteTimer"), int(expiryTimestampMs))
+        domain = self._domain("deleteTimer")
+        self.timers.delete(domain, int(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:
-        return iter(self.timers.timers_of_current_key(self._domain("listTimers")))
+        domain = self._domain("listTimers")
+        return iter(self.timers.timers_of_current_key(domain))

@@ -53,9 +53,10 @@ class TimerHandle(Handle):
 class ProcessorFunction(CompatFunction):
     """Runs a Spark ``StatefulProcessor`` per key on statekit state."""
 
-    def __init__(self, processor: Any, time_mode: str) -> None:
+    def __init__(self, processor: Any, time_mode: str, parsed: dict[str, Any]) -> None:
         self.processor = processor
         self.time_mode = time_mode
+        self.parsed = parsed
         self.user: Any = None
         self.handle: TimerHandle | None = None
 
@@ -65,7 +66,7 @@ class ProcessorFunction(CompatFunction):
         if not isinstance(backend.clock, _BatchTime):  # before init declares TTL states
             backend.clock = _BatchTime(self)
         self.user = copy.deepcopy(self.processor)  # Spark gives each task a fresh processor
-        self.handle = TimerHandle(self.time_mode, self.context, task.op.timers)
+        self.handle = TimerHandle(self.time_mode, self.context, task.op.timers, self.parsed)
         self.user.init(self.handle)
         self.handle.in_init = False
 
@@ -104,24 +105,26 @@ class ProcessorFunction(CompatFunction):
             handle.firing = None
 
 
-def _check(processor: Any, time_mode: str) -> None:
+def _check(processor: Any, time_mode: str) -> dict[str, Any]:
     """Refuse at the call what would fail in every task: not a processor, or an ``init`` that
-    misuses the handle (run once here on a copy, as Spark runs it on its driver)."""
+    misuses the handle (run once here on a copy, as Spark runs it on its driver).  The DDL
+    schema strings ``init`` declares, parsed."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     if not isinstance(processor, StatefulProcessor):
         raise ConfigTypeError("statefulProcessor", "expected a pyspark StatefulProcessor, got "
                                                    f"{type(processor).__name__}")
     trial = copy.deepcopy(processor)
-    trial.init(Handle(time_mode))
+    handle = Handle(time_mode)
+    trial.init(handle)
+    return handle.parsed
 
 
 def _transform(grouped_df: Any, statefulProcessor: Any, outputStructType: Any, outputMode: str,
                timeMode: str, initialState: Any, eventTimeColumnName: str, rows_api: bool
                ) -> Any:
     mode = time_mode_of(timeMode)
-    _check(statefulProcessor, mode)
-    function = ProcessorFunction(statefulProcessor, mode)
+    function = ProcessorFunction(statefulProcessor, mode, _check(statefulProcessor, mode))
     return run(grouped_df, function, outputStructType, outputMode, mode, rows_api=rows_api,
                initial_state=initialState, event_time_column_name=eventTimeColumnName,
                operator_id=type(statefulProcessor).__name__)

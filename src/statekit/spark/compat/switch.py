@@ -38,7 +38,8 @@ def enabled(spark: Any) -> bool:
     value = spark.conf.get(ENABLED_KEY, None)
     if value is None:
         value = spark.sparkContext.getConf().get(ENABLED_KEY, "false")
-    return bool(cfg.validate({KEY: value}, all_keys_are_statekit=True, prefix=SPARK_PREFIX)[KEY])
+    checked = cfg.validate({KEY: value}, all_keys_are_statekit=True, prefix=SPARK_PREFIX)
+    return bool(cfg.read(checked, KEY))
 
 
 def _drop_in(name: str) -> Callable[..., Any]:

@@ -1,0 +1,95 @@
+"""The switch: one line in the driver (``enable(spark)``) or one configuration line
+(``spark.statekit.compat.enabled``) routes Spark's grouped stateful calls to statekit; without
+it Spark's own operators run.  Checked on the query plans (no query runs)."""
+
+import pandas as pd
+import pytest
+from pyspark.sql.streaming import StatefulProcessor
+
+from statekit.errors import ConfigError, ConfigTypeError, StateError
+from statekit.spark.compat import ENABLED_KEY, disable, enable, enabled
+
+pytestmark = pytest.mark.spark
+
+
+def count(key, pdf_iter, state):
+    n = (state.getOption or (0,))[0] + sum(len(pdf) for pdf in pdf_iter)
+    state.update((n,))
+    yield pd.DataFrame({"value": [key[0]], "n": [n]})
+
+
+class Counter(StatefulProcessor):
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = (self.n.get() or (0,))[0] + sum(len(pdf) for pdf in rows)
+        self.n.update((n,))
+        yield pd.DataFrame({"value": [key[0]], "n": [n]})
+
+
+def plan(df):
+    return df._jdf.queryExecution().logical().toString()
+
+
+def grouped(spark):
+    return spark.readStream.format("rate").load().groupBy("value")
+
+
+def test_switch_routes_spark_calls(spark):
+    native = plan(grouped(spark).applyInPandasWithState(count, "value long, n long", "n long",
+                                                        "update", "NoTimeout"))
+    assert "FlatMapGroupsInPandasWithState" in native
+    enable(spark)
+    try:
+        assert enabled(spark)
+        routed = plan(grouped(spark).applyInPandasWithState(count, "value long, n long",
+                                                            "n long", "update", "NoTimeout"))
+        assert "TransformWithStateInPySpark" in routed  # statekit's bridge, not Spark's state
+        tws = plan(grouped(spark).transformWithStateInPandas(Counter(), "value long, n long",
+                                                             "Update", "None"))
+        assert "TransformWithStateInPySpark" in tws
+    finally:
+        disable(spark)
+    assert not enabled(spark)
+
+
+def test_configuration_line_switches_too(spark):
+    spark.conf.set(ENABLED_KEY, "true")
+    try:
+        assert enabled(spark)
+        spark.conf.set(ENABLED_KEY, "maybe")
+        with pytest.raises(ConfigError, match=r"compat\.enabled"):
+            grouped(spark).applyInPandasWithState(count, "value long, n long", "n long",
+                                                  "update", "NoTimeout")
+    finally:
+        spark.conf.unset(ENABLED_KEY)
+    assert not enabled(spark)
+
+
+class UsesTimersInInit(Counter):
+    def init(self, handle):
+        handle.registerTimer(1)
+
+
+class TtlWithoutTime(Counter):
+    def init(self, handle):
+        handle.getValueState("n", "n long", 1000)
+
+
+class BadSchema(Counter):
+    def init(self, handle):
+        handle.getValueState("n", 42)
+
+
+@pytest.mark.parametrize(("processor", "error"), [
+    (UsesTimersInInit(), StateError), (TtlWithoutTime(), StateError), (BadSchema(), StateError),
+    (object(), ConfigTypeError)])
+def test_processor_misuse_is_refused_at_the_call(spark, processor, error):
+    enable(spark)
+    try:
+        with pytest.raises(error):
+            grouped(spark).transformWithStateInPandas(processor, "value long, n long", "Update",
+                                                      "None")
+    finally:
+        disable(spark)
