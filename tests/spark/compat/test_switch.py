@@ -93,3 +93,22 @@ def test_processor_misuse_is_refused_at_the_call(spark, processor, error):
                                                       "None")
     finally:
         disable(spark)
+
+
+def test_spark_needs_its_rocksdb_provider_for_the_operator(spark):
+    """statekit runs Spark's calls through Spark's transformWithState operator, which Spark
+    allows only with its RocksDB provider: refused at the call without it, set by enable()."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "org.apache.spark.sql.execution.streaming.state."
+                        "HDFSBackedStateStoreProvider")
+    spark.conf.set(ENABLED_KEY, "true")
+    try:
+        with pytest.raises(ConfigError, match="providerClass"):
+            grouped(spark).applyInPandasWithState(count, "value long, n long", "n long",
+                                                  "update", "NoTimeout")
+        enable(spark)
+        assert "RocksDB" in spark.conf.get(key)
+    finally:
+        disable(spark)
+        spark.conf.set(key, before)

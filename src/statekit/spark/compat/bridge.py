@@ -20,10 +20,11 @@ from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext
 from statekit.spark.adapters import build_spec
 from statekit.spark.clock import has_watermark
 from statekit.spark.clock import time_mode as time_mode_of
-from statekit.spark.session import statekit_workers
+from statekit.spark.session import ROCKSDB_PROVIDER, statekit_workers
 from statekit.spark.task import PartitionTask, TaskInfo
 from statekit.spark.transform import _patch_client
 
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 #: Spark's output modes, as its stateful APIs take them (case-insensitive)
 OUTPUT_MODES = ("Append", "Update", "Complete")
 
@@ -102,6 +103,12 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
     if mode == "EventTime" and not has_watermark(grouped_df._df):
         raise ConfigError("timeMode", "EventTime needs a watermark: add withWatermark(...) "
                                       "before groupBy (Spark refuses it too)")
+    provider = spark.conf.get(PROVIDER_KEY, None)
+    if provider != ROCKSDB_PROVIDER:
+        raise ConfigError(PROVIDER_KEY, f"is {provider!r}: Spark runs its transformWithState "
+                                        f"operator, which statekit uses, only with "
+                                        f"{ROCKSDB_PROVIDER} (it keeps none of the state): set "
+                                        f"it, or switch with statekit.spark.compat.enable(spark)")
     spec, schema = build_spec(spark, function, [], output_schema, operator_id, None, grouped_df)
 
     class StatekitBridge(StatefulProcessor):

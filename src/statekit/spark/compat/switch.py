@@ -14,6 +14,8 @@ from typing import Any
 
 from statekit import config as cfg
 from statekit.spark.adapters import SPARK_PREFIX, active_session
+from statekit.spark.compat.bridge import PROVIDER_KEY
+from statekit.spark.session import ROCKSDB_PROVIDER
 
 KEY = "compat.enabled"
 ENABLED_KEY = SPARK_PREFIX + KEY
@@ -23,9 +25,16 @@ _ORIGINALS: dict[str, Callable[..., Any]] = {}
 
 
 def enable(spark: Any = None) -> None:
-    """Run Spark's stateful APIs of ``spark`` (default: the active session) on statekit state."""
+    """Run Spark's stateful APIs of ``spark`` (default: the active session) on statekit state.
+
+    statekit runs them through Spark's transformWithState operator, which Spark allows only with
+    its RocksDB state store provider (Spark keeps none of the state there): the session is set
+    to that provider for queries started from now on.
+    """
     install()
-    (spark or active_session()).conf.set(ENABLED_KEY, "true")
+    spark = spark or active_session()
+    spark.conf.set(PROVIDER_KEY, ROCKSDB_PROVIDER)
+    spark.conf.set(ENABLED_KEY, "true")
 
 
 def disable(spark: Any = None) -> None:
