@@ -19,7 +19,11 @@ Left out, and why:
   (composite types, large values, chunked initial state, top-k, word frequency,
   all-methods); they are the next to port;
 - ``deleteIfExists`` of a variable that holds data: statekit deletes the variable for the
-  processor (using it raises Spark's error, as the basic case checks) but keeps its stored values.
+  processor (using it raises Spark's error, as the basic case checks) but keeps its stored values;
+- the Row API of the TTL-expiration case (see that test).
+
+On a loaded machine Spark's Python workers can miss their start-up deadline ("Python worker
+failed to connect back"); that is Spark's worker launch, not a result of a case.
 """
 
 import datetime
@@ -275,11 +279,14 @@ def test_value_state_ttl_basic(spark, tws, use_pandas):
                 Row(id="0", countAsString="2"),
                 Row(id="1", countAsString="2"),
             }
-        else:
+        elif batch_id == 1:
             assert set(batch_df.sort("id").collect()) == {
                 Row(id="0", countAsString="3"),
                 Row(id="1", countAsString="2"),
             }
+        else:
+            for q in spark.streams.active:
+                q.stop()
 
     _test_transform_with_state_basic(
         spark, tws, SimpleTTLStatefulProcessorFactory().get(use_pandas), check_results, False,
@@ -287,8 +294,13 @@ def test_value_state_ttl_basic(spark, tws, use_pandas):
 
 
 @slow
-@pytest.mark.parametrize("use_pandas", API)
+@pytest.mark.parametrize("use_pandas", [API[0]])
 def test_value_state_ttl_expiration(spark, tws, use_pandas):
+    """Timing-dependent, as Spark's: batch 1 must start within 10 s of batch 0 (it sleeps 6 s in
+    batch 0's sink).  The Row API is left out: Spark's RowTTLStatefulProcessor returns
+    ``iter(ret)`` after binding ``iter`` only when its list state exists, so it raises
+    UnboundLocalError in the first batch on Spark as well.  statekit's TTL boundary itself is
+    checked without timing in test_handle.py."""
     def check_results(batch_df, batch_id):
         if batch_id == 0:
             assertDataFrameEqual(
