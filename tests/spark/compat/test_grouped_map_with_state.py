@@ -2,7 +2,8 @@
 """Spark's ``applyInPandasWithState`` tests (python/pyspark/sql/tests/pandas/
 test_pandas_grouped_map_with_state.py), ported case by case: the functions and expected results
 as Spark's tests define them, only the switch added (the ``backend`` fixture: ``enable(spark)``
-and the backend flag).  Every case runs on both backends.
+and the backend flag).  Every case runs on both backends; the default run has the basic,
+more-data and null cases, the rest are marked slow.
 
 Differences from Spark's file: the session has 2 shuffle partitions instead of 5 (a cost on two
 cores; no case depends on the count); the random-worker-failure case is marked slow.
@@ -86,6 +87,7 @@ def test_apply_in_pandas_with_state_basic(spark, backend):
     _test_apply_in_pandas_with_state_basic(spark, func, check_results)
 
 
+@pytest.mark.slow
 def test_apply_in_pandas_with_state_basic_no_state(spark, backend):
     def func(key, pdf_iter, state):
         assert isinstance(state, GroupState)
@@ -102,6 +104,7 @@ def test_apply_in_pandas_with_state_basic_no_state(spark, backend):
     _test_apply_in_pandas_with_state_basic(spark, func, check_results)
 
 
+@pytest.mark.slow
 def test_apply_in_pandas_with_state_basic_no_state_no_data(spark, backend):
     def func(key, pdf_iter, state):
         assert isinstance(state, GroupState)
@@ -136,6 +139,7 @@ def test_apply_in_pandas_with_state_basic_more_data(spark, backend):
     _test_apply_in_pandas_with_state_basic(spark, func, check_results)
 
 
+@pytest.mark.slow
 def test_apply_in_pandas_with_state_basic_fewer_data(spark, backend):
     # Test data rows returned are more or fewer than state.
     def func(key, pdf_iter, state):

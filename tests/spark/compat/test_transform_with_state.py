@@ -4,7 +4,7 @@ pandas/test_pandas_transform_with_state.py and its helper processors, ported cas
 processors as Spark's tests define them (``tws_processors``), the expected results as Spark's
 tests assert them, only the switch added (the ``backend`` fixture).  Every case runs on both
 backends, with the pandas API and the Row API (as Spark's newest file runs them).  The default
-run has one API of the basic, processing-timer and initial-state cases; the rest are marked slow.
+run has one API of the basic and processing-timer cases; the rest are marked slow.
 
 Differences from Spark's file: 2 shuffle partitions instead of 5 (no case depends on the count);
 input files are ordered by their modification time instead of sleeping between them.
@@ -599,7 +599,8 @@ def _test_transform_with_state_init_state(spark, tws, stateful_processor, check_
     _run(q)
 
 
-@pytest.mark.parametrize("use_pandas", [pytest.param(True, id="pandas", marks=slow), API[1]])
+@slow
+@pytest.mark.parametrize("use_pandas", API)
 def test_transform_with_state_init_state(spark, tws, use_pandas):
     def check_results(batch_df, batch_id):
         if batch_id == 0:
