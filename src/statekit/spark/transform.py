@@ -142,8 +142,12 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                 self.task.commit()
 
     with statekit_workers(spark, spec.worker_python):
-        return grouped_df.transformWithStateInPandas(
-            statefulProcessor=StatekitProcessor(), outputStructType=schema,
+        # Spark's own method: the compat switch (spark.statekit.compat.enabled) routes
+        # GroupedData's to statekit's Spark-API layer, which is not this adapter
+        from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin as Spark
+
+        return Spark.transformWithStateInPandas(
+            grouped_df, statefulProcessor=StatekitProcessor(), outputStructType=schema,
             outputMode=output_mode, timeMode=mode,
             eventTimeColumnName=output_event_time_column or "",
         )

@@ -112,3 +112,20 @@ def test_spark_needs_its_rocksdb_provider_for_the_operator(spark):
     finally:
         disable(spark)
         spark.conf.set(key, before)
+
+
+def test_statekit_adapters_keep_their_own_operators_with_the_switch_on(spark):
+    """statekit's own adapters call Spark's methods themselves: the switch must not route them."""
+    from statekit import KeyedProcessFunction
+    from statekit.spark import apply_in_pandas_with_state
+
+    class Noop(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            return ()
+
+    enable(spark)
+    try:
+        out = apply_in_pandas_with_state(grouped(spark), Noop(), "value long")
+        assert "FlatMapGroupsInPandasWithState" in plan(out)
+    finally:
+        disable(spark)
