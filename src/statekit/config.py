@@ -257,6 +257,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("s3.secret-key", parse_str, "(AWS credentials chain)", "S3 secret key.", described=True),
     Option("s3.path.style.access", parse_bool, "false", "Path-style S3 addressing."),
     # --- Spark adapters ---------------------------------------------------------------------------
+    Option("compat.enabled", parse_bool, "false",
+           "Spark: run Spark's own `applyInPandasWithState`, `transformWithStateInPandas` and "
+           "`transformWithState` calls on statekit state (see Coming from Spark)."),
     Option("state.partition.versions-retained", at_least(parse_int, 2), "10",
            "Spark: versions (batches) of each partition's state kept."),
     Option("state.changelog.materialize-every-batches", _POS_INT, "5",

@@ -20,7 +20,7 @@ ADAPTERS = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "adapters").gl
 #: pages whose examples run in tests of their own (test_inspect_doc)
 OWN_TESTS = {"inspect.md"}
 #: other pages whose examples start Spark (run on their own, under the ``spark`` marker)
-SPARK_PAGES = ["timers.md"]
+SPARK_PAGES = ["timers.md", "spark-compat.md"]
 #: what statekit itself may leave in the temporary directory: the shared root of RocksDB working
 #: directories (each instance's directory inside it is removed)
 SHARED_ROOTS = {"statekit-rocksdb"}

@@ -7,7 +7,7 @@ Spark calls once per partition per micro-batch; timers fire from the batch's tim
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from statekit.runtime.functions import Function
@@ -18,14 +18,16 @@ from statekit.spark.session import statekit_workers
 from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
 
-def _patch_client(handle: Any, task: PartitionTask | None, time_mode: str) -> None:
+def _patch_client(handle: Any, task: PartitionTask | None, time_mode: str,
+                  watermark_from: Callable[[Any], int] = watermark_of) -> None:
     """Make PySpark's per-task client of Spark's state server serve statekit's timers.
 
     statekit keeps no state in Spark, so the implicit key PySpark sends before each key's call (a
     socket round trip) is not needed; and in the timer phase PySpark asks the client for Spark's
     expired timers, which statekit answers with its own due timers (the timers of keys without
     input in the batch fire there).  Only this task's client changes; a PySpark without that
-    client keeps its behaviour, and the adapter then refuses timers.
+    client keeps its behaviour, and the adapter then refuses timers.  ``watermark_from`` turns
+    Spark's watermark into the one timers fire by (Spark's own APIs keep Spark's value).
     """
     client = getattr(handle, "_statefulProcessorApiClient", None)
     if client is None or not callable(getattr(client, "set_implicit_key", None)):
@@ -41,7 +43,7 @@ def _patch_client(handle: Any, task: PartitionTask | None, time_mode: str) -> No
         # then makes yields all their output as one frame: a call, a round trip for the time and
         # an output frame per timer cost more than the timers' own work
         processing, watermark = client.get_timestamps(time_mode)
-        task.set_time(int(processing), watermark_of(watermark))
+        task.set_time(int(processing), watermark_from(watermark))
         task.firing = task.fire_due()
         if not task.firing:
             raise StopIteration
@@ -140,8 +142,12 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                 self.task.commit()
 
     with statekit_workers(spark, spec.worker_python):
-        return grouped_df.transformWithStateInPandas(
-            statefulProcessor=StatekitProcessor(), outputStructType=schema,
+        # Spark's own method: the compat switch (spark.statekit.compat.enabled) routes
+        # GroupedData's to statekit's Spark-API layer, which is not this adapter
+        from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin as Spark
+
+        return Spark.transformWithStateInPandas(
+            grouped_df, statefulProcessor=StatekitProcessor(), outputStructType=schema,
             outputMode=output_mode, timeMode=mode,
             eventTimeColumnName=output_event_time_column or "",
         )

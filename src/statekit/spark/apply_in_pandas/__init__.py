@@ -143,7 +143,11 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
         yield from runtime.call(k, frames, group_state)
 
     with statekit_workers(spark, spec.worker_python):
-        return grouped_df.applyInPandasWithState(call, schema, STATE_SCHEMA, output_mode, timeout)
+        # Spark's own method, past the compat switch (see statekit.spark.compat)
+        from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin as Spark
+
+        return Spark.applyInPandasWithState(grouped_df, call, schema, STATE_SCHEMA, output_mode,
+                                            timeout)
 
 
 __all__ = [

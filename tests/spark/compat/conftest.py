@@ -1,0 +1,21 @@
+"""Spark's own stateful APIs on statekit state: one session for the module, the switch on, and the
+statekit backend chosen per test (``backend`` fixture: heap "hashmap" and "rocksdb")."""
+
+import pytest
+
+from statekit.spark.compat import disable, enable, enabled
+
+BACKENDS = ["hashmap", "rocksdb"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, spark):
+    """The switch on and ``spark.statekit.state.backend.type`` set: all a user changes."""
+    enable(spark)
+    spark.conf.set("spark.statekit.state.backend.type", request.param)
+    assert enabled(spark)
+    yield request.param
+    for q in spark.streams.active:
+        q.stop()
+    disable(spark)
+    spark.conf.unset("spark.statekit.state.backend.type")
