@@ -122,6 +122,24 @@ def test_delete_if_exists_raises_sparks_error_on_use(setup):
     assert isinstance(caught.value, StateError)
 
 
+def test_delete_if_exists_removes_the_stored_values_of_every_key(setup):
+    handle, backend, _ = setup
+    temp, kept = handle.getListState("temp", N), handle.getValueState("kept", N)
+    for key in ("a", "b", "c"):
+        backend.set_current_key(key)
+        temp.appendValue((1,))
+        kept.update((2,))
+    backend.set_current_key("b")
+    handle.deleteIfExists("temp")
+    assert list(backend.get_keys("temp")) == []
+    assert sorted(backend.get_keys("kept")) == ["a", "b", "c"] and kept.get() == (2,)
+    assert backend.get_current_key() == "b"
+    fresh = Handle("ProcessingTime", handle.context)  # the next batch declares it again
+    again = fresh.getListState("temp", N)
+    backend.set_current_key("a")
+    assert list(again.get()) == []
+
+
 def test_handle_misuse_is_refused():
     handle = Handle("None")
     with pytest.raises(StateError, match="ttlDurationMs"):

@@ -13,6 +13,7 @@ import datetime
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from statekit.backends.base import NO_KEY
 from statekit.errors import StateError, StateTypeError
 from statekit.runtime.timers import TimeDomain
 from statekit.spark.compat.errors import spark_message_error
@@ -285,13 +286,30 @@ class Handle:
         return MapState(self, stateName, userKeySchema, valueSchema, ttl)
 
     def deleteIfExists(self, stateName: str) -> None:
-        """Delete the variable: using it raises Spark's error from now on.  Its stored values
-        are not purged (statekit cannot list a state's keys): a variable declared again under a
-        deleted name in a later batch sees them."""
+        """Delete the variable: its stored values are removed (every key of this partition that
+        holds it), and using it raises Spark's error from now on.  A name not declared in this
+        ``init`` is forgotten; values it holds from earlier batches stay until it is declared
+        and deleted again (statekit cannot know their kind without a declaration)."""
         variable = self.variables.get(stateName)
         if variable is not None:
+            self._purge(variable)
             variable.deleted = True
         self.declared.pop(stateName, None)
+
+    def _purge(self, variable: _Variable) -> None:
+        """Clear ``variable``'s state for every key holding it (the current key kept)."""
+        state = getattr(variable, "_state", None)
+        if self.context is None or state is None:
+            return
+        backend = self.context._backend
+        previous = backend.current_key
+        try:
+            for key in list(backend.get_keys(variable._name)):
+                backend.set_current_key(key)
+                state.clear()
+        finally:
+            if previous is not NO_KEY:
+                backend.set_current_key(previous)
 
     # --- timers ----------------------------------------------------------------------------------
 
