@@ -79,6 +79,7 @@ HUGE = decimal.Decimal("1e999999999")  # 11 bytes of msgpack; int() of it runs f
     (("tasks", "p1", "key_group_range"), [60, 100]),  # overlaps p0's
     (("source",), {"offset": -1}),
     (("checkpoint_id",), 1),                 # _metadata copied from an older checkpoint
+    (("tasks", "p1", "states", "count", "layout", 1), None),  # no value type (fuzz 40136715)
 ])
 def test_metadata_fields_of_the_wrong_type_or_range_are_corrupt(copy, field, value):
     _, where = copy

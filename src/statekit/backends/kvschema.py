@@ -32,9 +32,10 @@ def check_kind(entry: dict[str, Any], path: str) -> None:
     schema.boolean(layout[3], f"{where}[3]")
     if (layout[2] is None) == (kind == "map"):
         raise schema.fail(f"{where}[2]", "a user key type is recorded by map states only")
-    for config in layout[1:3]:
-        if config is not None and not known_type(config):
-            raise schema.fail(where, f"unknown type {config!r}")
+    if not known_type(layout[1]):  # every descriptor records its value type (generic at least)
+        raise schema.fail(f"{where}[1]", f"unknown value type {layout[1]!r}")
+    if layout[2] is not None and not known_type(layout[2]):
+        raise schema.fail(f"{where}[2]", f"unknown type {layout[2]!r}")
 
 
 def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:
