@@ -48,17 +48,24 @@ class Recording(KeyedProcessFunction):
 
 @pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])
 def test_functions_are_opened_once_per_partition_and_process(spark, tmp_path, adapter):
-    log = tmp_path / "life.jsonl"
-    inputs = str(tmp_path / "in")
-    write_inputs(inputs, 0, 6, rows=200, keys=40)
-    run_until_done(spark, adapter, Recording(str(log)), inputs, str(tmp_path / "cp"), Outputs())
-    events = [json.loads(line) for line in log.read_text().splitlines()]
-    tasks = sorted({(pid, part, batch) for kind, pid, part, batch in events if kind == "task"})
-    opens = [(pid, part, batch) for kind, pid, part, batch in events if kind == "open"]
-    assert len(tasks) >= 12  # 6 batches, 2 partitions
-    # a process that ran a partition's previous batch kept its function: no open() for it
-    kept = [(pid, part, batch) for pid, part, batch in tasks if (pid, part, batch - 1) in tasks]
-    assert kept, "Spark never gave a partition's next batch to the same process"
+    # which Python worker runs a task is Spark's choice: on a loaded machine it may start new
+    # ones for a whole run, so a run without a partition's next batch in the same process is
+    # run again (up to three times) before the property is checked
+    for attempt in range(3):
+        log = tmp_path / f"life-{attempt}.jsonl"
+        inputs = str(tmp_path / f"in-{attempt}")
+        write_inputs(inputs, 0, 6, rows=200, keys=40)
+        run_until_done(spark, adapter, Recording(str(log)), inputs, str(tmp_path / f"cp-{attempt}"),
+                       Outputs())
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        tasks = sorted({(pid, part, batch) for kind, pid, part, batch in events if kind == "task"})
+        opens = [(pid, part, batch) for kind, pid, part, batch in events if kind == "open"]
+        assert len(tasks) >= 12  # 6 batches, 2 partitions
+        # a process that ran a partition's previous batch kept its function: no open() for it
+        kept = [(pid, part, batch) for pid, part, batch in tasks if (pid, part, batch - 1) in tasks]
+        if kept:
+            break
+    assert kept, "Spark never gave a partition's next batch to the same process (3 runs)"
     assert not set(kept) & set(opens), sorted(set(kept) & set(opens))
     assert len(opens) < len(tasks)
     # a function whose state was dropped (another process took the partition) was closed
