@@ -28,8 +28,10 @@ def session(**conf):
     return local_spark(master="local[2,3]", app_name="statekit-tests", conf=conf)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def spark():
+    """The shared session, asked for per test: under pytest-xdist tests of modules that need
+    other settings (worker reuse off) run in between and replace it."""
     yield session()
 
 

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
+from tests.spark.conftest import session
 from tests.spark.jobs import Outputs, run_until_done, write_inputs
 
 pytestmark = pytest.mark.spark
@@ -46,8 +47,15 @@ class Recording(KeyedProcessFunction):
         self._note("close")
 
 
+# under slow (make test-slow runs tests one at a time): with other Spark sessions busy on the
+# same two cores, Spark starts a new Python worker for a task before the previous one is idle
+# again, so no partition's next batch meets the process that ran its last one
+@pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])
-def test_functions_are_opened_once_per_partition_and_process(spark, tmp_path, adapter):
+def test_functions_are_opened_once_per_partition_and_process(tmp_path, adapter):
+    # a session that reuses Python workers, asked for here: under pytest-xdist another module's
+    # test may have replaced the module's session with one that does not
+    spark = session()
     # which Python worker runs a task is Spark's choice: on a loaded machine it may start new
     # ones for a whole run, so a run without a partition's next batch in the same process is
     # run again (up to three times) before the property is checked

@@ -12,13 +12,15 @@ from statekit.errors import ConfigError
 from statekit.inspection.changes import _diff
 from statekit.spark.datasource import read_options
 from statekit.spark.reporting import statekit_error
+from tests.spark.conftest import session
 from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
 
 ROWS = 600  # per batch (one input file each), over 1,500 keys: some keys skip a batch
 
 
 @pytest.fixture(scope="module", params=["hashmap", "rocksdb"])
-def query(request, spark, tmp_path_factory):
+def query(request, tmp_path_factory):
+    spark = session()
     root = tmp_path_factory.mktemp(f"reader-{request.param}")
     frame = write_inputs(str(root / "in"), 0, 3, rows=ROWS, keys=1500)
     checkpoint = str(root / "query")

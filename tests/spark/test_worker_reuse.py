@@ -9,7 +9,7 @@ from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, wr
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: under pytest-xdist another module's test may replace the session
 def spark_no_reuse():
     yield session(**{"spark.python.worker.reuse": "false"})
 
