@@ -13,22 +13,14 @@ from statekit import (
     CoFlatMapFunction,
     CoMapFunction,
     KeyedCoProcessFunction,
-    StreamExecutionEnvironment,
     ValueStateDescriptor,
 )
 from statekit.durations import Duration
 from statekit.errors import StateError
 from statekit.runtime.watermarks import TimestampAssigner, WatermarkStrategy
+from tests.runtime.envs import env_for
 
 BACKENDS = ["hashmap", "rocksdb"]
-
-
-def env_for(tmp_path, backend, **conf):
-    env = StreamExecutionEnvironment.get_execution_environment({
-        "state.backend.type": backend, "state.checkpoints.dir": f"{tmp_path}/chk",
-        "state.checkpoint-storage": "filesystem", **conf})
-    env.set_parallelism(2)
-    return env
 
 
 class Enrich(KeyedCoProcessFunction):

@@ -9,19 +9,12 @@ from typing import NamedTuple
 
 import pytest
 
-from statekit import FilterFunction, StreamExecutionEnvironment
+from statekit import FilterFunction
 from statekit.errors import JobExecutionError
 from statekit.state import ReduceFunction, ValueStateDescriptor
+from tests.runtime.envs import env_for
 
 BACKENDS = ["hashmap", "rocksdb"]
-
-
-def env_for(tmp_path, backend, **conf):
-    env = StreamExecutionEnvironment.get_execution_environment({
-        "state.backend.type": backend, "state.checkpoints.dir": f"{tmp_path}/chk",
-        "state.checkpoint-storage": "filesystem", **conf})
-    env.set_parallelism(2)
-    return env
 
 
 def by_key(out, key):

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from statekit import KeyedProcessFunction, OutputTag, StreamExecutionEnvironment
+from statekit import KeyedProcessFunction, OutputTag
 from statekit.errors import StateError
 from statekit.runtime.functions import side_output_of
+from tests.runtime.envs import env_for
 
 LATE = OutputTag("late")
 EVEN = OutputTag("even")
@@ -35,13 +36,6 @@ class Split(KeyedProcessFunction):
 
 ROWS = [("a", 1), ("b", 2), ("a", 3), ("b", 4), ("a", 150), ("b", 5), ("a", 6), ("b", 200)]
 
-
-def env_for(tmp_path, backend="hashmap", **conf):
-    env = StreamExecutionEnvironment.get_execution_environment({
-        "state.backend.type": backend, "state.checkpoints.dir": f"{tmp_path}/chk",
-        "state.checkpoint-storage": "filesystem", **conf})
-    env.set_parallelism(2)
-    return env
 
 
 @pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
