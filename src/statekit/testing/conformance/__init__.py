@@ -3,7 +3,9 @@ interface, like zarr's ``StoreTests``.
 
 :class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
 (a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
-reads and writes that bypass its API) and :class:`NamespaceConformance` (namespaced keyed state).
+reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state), and
+Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
+semantics) and :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency).
 """
 
 from statekit.testing.conformance.backend import (
@@ -17,6 +19,8 @@ from statekit.testing.conformance.backend import (
 )
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
 from statekit.testing.conformance.namespaces import NamespaceConformance
+from statekit.testing.conformance.snapshots import SnapshotConformance
+from statekit.testing.conformance.statekinds import StateKindConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
 
 __all__ = [
@@ -31,6 +35,8 @@ __all__ = [
     "BlobStoreConformance",
     "ManualClock",
     "NamespaceConformance",
+    "SnapshotConformance",
+    "StateKindConformance",
     "StorageConformance",
     "make_storage",
 ]
