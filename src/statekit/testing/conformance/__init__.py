@@ -5,7 +5,9 @@ interface, like zarr's ``StoreTests``.
 (a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
 reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state), and
 Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
-semantics) and :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency).
+semantics) and :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency); and
+PyFlink's ``test_data_stream.py`` keyed and connected cases: :class:`DataStreamConformance`,
+:class:`ConnectedStreamConformance`.
 """
 
 from statekit.testing.conformance.backend import (
@@ -18,6 +20,8 @@ from statekit.testing.conformance.backend import (
     ManualClock,
 )
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
+from statekit.testing.conformance.connected import ConnectedStreamConformance
+from statekit.testing.conformance.datastream import DataStreamConformance
 from statekit.testing.conformance.namespaces import NamespaceConformance
 from statekit.testing.conformance.snapshots import SnapshotConformance
 from statekit.testing.conformance.statekinds import StateKindConformance
@@ -33,6 +37,8 @@ __all__ = [
     "VALUE",
     "BackendConformance",
     "BlobStoreConformance",
+    "ConnectedStreamConformance",
+    "DataStreamConformance",
     "ManualClock",
     "NamespaceConformance",
     "SnapshotConformance",
