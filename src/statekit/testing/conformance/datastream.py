@@ -1,6 +1,7 @@
-"""PyFlink's ``test_data_stream.py`` keyed and connected cases on the local runner, with PyFlink's
-data and expected output: subclass :class:`DataStreamConformance` with a ``state_backend``
-fixture returning a :class:`StateBackend`.
+"""PyFlink's ``test_data_stream.py`` keyed cases on the local runner, with PyFlink's data and
+expected output: subclass :class:`DataStreamConformance` with a ``state_backend`` fixture
+returning a :class:`StateBackend` (the connected-stream cases are in
+:mod:`statekit.testing.conformance.connected`).
 
 The local runner runs one keyed operator per job, so PyFlink's chains of keyed operators run
 here stage by stage (each stage's output, in order, is the next one's input; parallelism 1, as
@@ -40,6 +41,7 @@ from statekit.state.descriptors import (
 )
 
 Env = Callable[..., StreamExecutionEnvironment]
+MODES = [RuntimeExecutionMode.STREAMING, RuntimeExecutionMode.BATCH]
 
 
 class V(NamedTuple):
@@ -288,7 +290,7 @@ class DataStreamConformance(LocalRunner):
         out = env().from_collection(data).key_by(second).filter(AssertKeyFilter())
         assert sorted(x for x in out.execute_and_collect() if x[1] > 0) == [("c", 1), ("e", 2)]
 
-    @pytest.mark.parametrize("mode", [RuntimeExecutionMode.STREAMING, RuntimeExecutionMode.BATCH])
+    @pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
     def test_reduce_with_state(self, env: Env, mode: RuntimeExecutionMode) -> None:
         data = [("a", 0), ("c", 1), ("d", 1), ("b", 0), ("e", 1)]
         out = stages(env, data, lambda s: s.key_by(second, key_type=Types.INT()).reduce(
@@ -297,7 +299,7 @@ class DataStreamConformance(LocalRunner):
                     if mode is RuntimeExecutionMode.STREAMING else [("ab", 0), ("cde", 1)])
         assert sorted(out) == expected
 
-    @pytest.mark.parametrize("mode", [RuntimeExecutionMode.STREAMING, RuntimeExecutionMode.BATCH])
+    @pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
     def test_keyed_sum(self, env: Env, mode: RuntimeExecutionMode) -> None:
         if mode is RuntimeExecutionMode.STREAMING:
             data = [V(1, 1), V(1, 2), V(1, 3), V(2, 5), V(2, 1)]
@@ -315,7 +317,7 @@ class DataStreamConformance(LocalRunner):
                      mode=mode)
         assert out == [24]
 
-    @pytest.mark.parametrize("mode", [RuntimeExecutionMode.STREAMING, RuntimeExecutionMode.BATCH])
+    @pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
     def test_keyed_min_by_and_max(self, env: Env, mode: RuntimeExecutionMode) -> None:
         if mode is RuntimeExecutionMode.STREAMING:
             data = [V3("a", 3, 0), V3("a", 1, 1), V3("b", 5, 0), V3("b", 3, 1)]
