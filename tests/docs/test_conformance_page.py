@@ -2,19 +2,17 @@
 parameter named in brackets), and its summary counts are those of its tables."""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from statekit.testing import conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "conformance.md").read_text()
-SUITES = {"Kinds": "TestStateKinds", "Snapshots": "TestSnapshots",
-          "Keyed": "TestKeyed", "Connected": "TestConnected"}
-OTHERS = {"Namespaces": "tests/backends/test_namespaces.py::TestHeapNamespaces",
-          "Backend": "tests/backends/test_heap.py::TestHeapAsync"}
-NAMED = re.compile(r"`(\w+)\.(test_\w+)(\[[\w-]+\])?`")
+SUITES = {"Kinds": conformance.StateKindConformance, "Snapshots": conformance.SnapshotConformance,
+          "Namespaces": conformance.NamespaceConformance, "Backend": conformance.BackendConformance,
+          "Keyed": conformance.DataStreamConformance,
+          "Connected": conformance.ConnectedStreamConformance}
+NAMED = re.compile(r"`(\w+)\.(test_\w+)(?:\[([\w-]+)\])?`")
 
 
 def section(title: str) -> list[list[str]]:
@@ -24,30 +22,25 @@ def section(title: str) -> list[list[str]]:
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[1:]]
 
 
-@pytest.fixture(scope="module")
-def collected():
-    """Every test id of the conformance runs (collected, not run)."""
-    files = ["tests/backends/test_flink_state_backend.py", "tests/runtime/test_pyflink_datastream.py",
-             *{o.split("::")[0] for o in OTHERS.values()}]
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                           "no:cacheprovider", "-n", "0", *files], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:]
-    return done.stdout
+def param_ids(test) -> set[str]:
+    """The ids pytest gives the parameters of ``test`` (its own, or joined values)."""
+    ids = set()
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name == "parametrize":
+            values = mark.args[1]
+            ids.update(mark.kwargs.get("ids") or [
+                "-".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in values])
+    return ids
 
 
-def test_every_named_test_exists(collected):
+def test_every_named_test_exists():
     named = NAMED.findall(PAGE)
     assert len(named) > 60
-    for suite, test, param in named:
-        where = OTHERS.get(suite) or f"::{SUITES[suite]}::"
-        wanted = f"{where}::{test}" if suite in OTHERS else f"{where}{test}"
-        ids = [line for line in collected.splitlines() if wanted in line]
-        assert ids, (suite, test)
-        if param:  # the parameter appears in a collected id: [heap-value], [rocksdb-full-2-4]
-            inner = param[1:-1]
-            assert any(re.search(rf"[\[-]{re.escape(inner)}\]", line) for line in ids), (
-                suite, test, param)
+    for suite, name, param in named:
+        test = getattr(SUITES[suite], name, None)
+        assert callable(test), (suite, name)
+        if param:
+            assert param in param_ids(test), (suite, name, param)
 
 
 def test_summary_counts_match_the_tables():
