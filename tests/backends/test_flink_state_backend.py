@@ -4,7 +4,11 @@
 import pytest
 
 from statekit.backends.heap import HashMapStateBackend
-from statekit.testing.conformance import SnapshotConformance, StateKindConformance
+from statekit.testing.conformance import (
+    KeyEnumerationConformance,
+    SnapshotConformance,
+    StateKindConformance,
+)
 from tests.backends.test_rocksdb_conformance import rocks
 
 BACKENDS = {
@@ -26,4 +30,8 @@ class TestStateKinds(FlinkBackends, StateKindConformance):
 
 
 class TestSnapshots(FlinkBackends, SnapshotConformance):
+    pass
+
+
+class TestKeys(FlinkBackends, KeyEnumerationConformance):
     pass

@@ -9,6 +9,7 @@ from statekit.testing import conformance
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "conformance.md").read_text()
 SUITES = {"Kinds": conformance.StateKindConformance, "Snapshots": conformance.SnapshotConformance,
+          "Keys": conformance.KeyEnumerationConformance,
           "Namespaces": conformance.NamespaceConformance, "Backend": conformance.BackendConformance,
           "Keyed": conformance.DataStreamConformance,
           "Connected": conformance.ConnectedStreamConformance}

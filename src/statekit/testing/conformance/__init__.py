@@ -5,7 +5,8 @@ interface, like zarr's ``StoreTests``.
 (a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
 reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state), and
 Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
-semantics) and :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency); and
+semantics), :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency) and
+:class:`KeyEnumerationConformance` (counting and enumerating keys, namespaces required); and
 PyFlink's ``test_data_stream.py`` keyed and connected cases: :class:`DataStreamConformance`,
 :class:`ConnectedStreamConformance`.
 """
@@ -22,6 +23,7 @@ from statekit.testing.conformance.backend import (
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
 from statekit.testing.conformance.connected import ConnectedStreamConformance
 from statekit.testing.conformance.datastream import DataStreamConformance
+from statekit.testing.conformance.keys import KeyEnumerationConformance
 from statekit.testing.conformance.namespaces import NamespaceConformance
 from statekit.testing.conformance.snapshots import SnapshotConformance
 from statekit.testing.conformance.statekinds import StateKindConformance
@@ -39,6 +41,7 @@ __all__ = [
     "BlobStoreConformance",
     "ConnectedStreamConformance",
     "DataStreamConformance",
+    "KeyEnumerationConformance",
     "ManualClock",
     "NamespaceConformance",
     "SnapshotConformance",

@@ -15,7 +15,7 @@ import pytest
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.bulk import BulkState
 from statekit.checkpoint.storage import FileSystemCheckpointStorage
-from statekit.errors import StateError, StateTypeError
+from statekit.errors import StateError
 from statekit.serde.serializers import TypeSerializer
 from statekit.serde.types import Types
 from statekit.state.descriptors import (
@@ -375,74 +375,3 @@ class StateKindConformance:
         assert read() not in (None, [])
         state.clear()
         assert read() == empty
-
-    def test_num_state_entries(self, cluster: KeyedCluster) -> None:
-        descriptor = ValueStateDescriptor("id", Types.STRING())
-        assert entries(cluster, "id") == []
-        backend = cluster.partitions[0]
-        state: Any = at(backend, 0, backend.get_partitioned_state(descriptor))
-        state.update("hello")
-        state.update("ciao")
-        assert len(entries(cluster, "id")) == 1
-        at(backend, 42, state).update("foo")
-        assert len(entries(cluster, "id")) == 2
-        at(backend, 0, state).clear()
-        assert entries(cluster, "id") == [(42, None)]
-        at(backend, 42, state).clear()
-        assert entries(cluster, "id") == []
-
-    # --- namespaces: testRequireNonNullNamespace, testMapStateGetKeys ----------------------------
-
-    def test_namespaces_are_required(self, cluster: KeyedCluster) -> None:
-        """testRequireNonNullNamespace: no namespace serializer, or a None namespace, is a typed
-        error."""
-        descriptor = ValueStateDescriptor("id", Types.INT())
-        backend = cluster.partitions[0]
-        for bad in (None, Types.INT()):
-            with pytest.raises(StateTypeError, match="namespace serializer"):
-                backend.get_namespaced_state(descriptor, bad)  # type: ignore[arg-type]
-        state: Any = backend.get_namespaced_state(descriptor, INT_KEYS)
-        with pytest.raises(StateTypeError, match="namespace"):
-            state.set_current_namespace(None)
-
-    def test_map_state_get_keys(self, cluster: KeyedCluster) -> None:
-        descriptor = MapStateDescriptor("get-keys-test", Types.STRING(), Types.INT())
-        backend = cluster.partitions[0]
-        state: Any = backend.get_namespaced_state(descriptor, STRING_KEYS)
-        for namespace, keys in (("ns1", range(0, 300)), ("ns2", range(300, 600))):
-            state.set_current_namespace(namespace)
-            for key in keys:
-                at(backend, key, state).put("he", key * 2)
-                state.put("ho", key * 2)
-        for namespace, keys in (("ns1", range(0, 300)), ("ns2", range(300, 600))):
-            assert sorted(backend.get_keys("get-keys-test", namespace)) == list(keys)
-
-    # --- testConcurrentModificationWithApplyToAllKeys / testApplyToAllKeysLambdaFunction --------
-
-    def test_apply_to_all_keys(self, cluster: KeyedCluster) -> None:
-        descriptor = ListStateDescriptor("foo", Types.STRING())
-        backend = cluster.partitions[0]
-        state: Any = backend.get_partitioned_state(descriptor)
-        for i in range(100):
-            at(backend, i, state).add(f"Hello{i}")
-        seen: list[int] = []
-
-        def check(key: Any, s: Any) -> None:
-            assert s.get() == [f"Hello{key}"]
-            seen.append(key)
-
-        backend.apply_to_all_keys(None, descriptor, check)
-        assert sorted(seen) == list(range(100))
-        backend.apply_to_all_keys(None, descriptor, lambda key, s: s.clear())
-        assert entries(cluster, "foo") == []
-        for i in range(100):  # clear() with add() inside the function, on every key
-            at(backend, i, state).add("x")
-
-        def renew(key: Any, s: Any) -> None:
-            s.add(f"Hello{key}")
-            s.clear()
-            s.add(f"Hello_{key}")
-
-        backend.apply_to_all_keys(None, descriptor, renew)
-        assert {k: at(backend, k, state).get() for k in range(100)} == {
-            k: [f"Hello_{k}"] for k in range(100)}
