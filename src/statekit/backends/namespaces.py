@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from statekit.errors import StateError, StateNameClashError
+from statekit.errors import StateError, StateNameClashError, StateTypeError
 from statekit.serde.serializers import MapSerializer, TypeSerializer
 from statekit.state.api import MapState, State
 from statekit.state.descriptors import StateDescriptor, StateKind, check_state_name
@@ -102,6 +102,10 @@ class NamespacedStates:
         as the descriptor's kind; list, reducing and aggregating states also
         ``merge_namespaces(target, sources)``.  Stored as a map state from namespace to value,
         so snapshots, rescaling and the inspection tools show it as one.  TTL is refused."""
+        if not isinstance(namespace_serializer, TypeSerializer):  # Flink: a null one is an NPE
+            raise StateTypeError(f"a namespaced state needs a namespace serializer (e.g. "
+                                 f"Types.STRING().get_serializer()), not {namespace_serializer!r}",
+                                 descriptor.name)
         if descriptor.ttl_config is not None:
             raise StateError("TTL is not supported on namespaced state", descriptor.name)
         inner = self.state_meta(descriptor)

@@ -40,6 +40,10 @@ def accumulator(position: int | str, kind: Accumulate) -> Callable[[Any, Any], A
                         f"{position!r}")
 
     def reduce(acc: Any, value: Any) -> Any:
+        if type(acc) is tuple and hasattr(value, "_fields") and len(acc) == len(value):
+            # a NamedTuple stored by a serializing backend (RocksDB, or any after a restore)
+            # reads back as a plain tuple: the element's type gives it its field names again
+            acc = type(value)(*acc)
         if isinstance(value, dict | tuple | list):
             old, new = _field(acc, position), _field(value, position)
         else:
@@ -95,9 +99,16 @@ class ReduceAdapter(KeyedProcessFunction):
         self.func = func
         self._reduce = func.reduce if isinstance(func, ReduceFunction) else func
 
+    def _rich(self, name: str) -> Callable[..., None] | None:
+        """The function's ``open``/``close``: a ReduceFunction is a rich function in PyFlink,
+        whose ``open`` may create keyed state of its own."""
+        if isinstance(self.func, Function | ReduceFunction):
+            return getattr(self.func, name, None)
+        return None
+
     def open(self, runtime_context: RuntimeContext) -> None:
-        if isinstance(self.func, Function):
-            self.func.open(runtime_context)
+        if (opener := self._rich("open")) is not None:
+            opener(runtime_context)
         self.state = runtime_context.get_state(ValueStateDescriptor(REDUCE_STATE))
         # BATCH execution emits each key's final value only, from a timer at the key's end
         self.batch = runtime_context.get_job_parameter("execution.runtime-mode") == "BATCH"
@@ -116,8 +127,8 @@ class ReduceAdapter(KeyedProcessFunction):
         return () if acc is None else (acc,)
 
     def close(self) -> None:
-        if isinstance(self.func, Function):
-            self.func.close()
+        if (closer := self._rich("close")) is not None:
+            closer()
 
 
 class FilterAdapter(KeyedProcessFunction):

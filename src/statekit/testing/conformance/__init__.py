@@ -3,7 +3,12 @@ interface, like zarr's ``StoreTests``.
 
 :class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
 (a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
-reads and writes that bypass its API) and :class:`NamespaceConformance` (namespaced keyed state).
+reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state), and
+Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
+semantics), :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency) and
+:class:`KeyEnumerationConformance` (counting and enumerating keys, namespaces required); and
+PyFlink's ``test_data_stream.py`` keyed and connected cases: :class:`DataStreamConformance`,
+:class:`ConnectedStreamConformance`.
 """
 
 from statekit.testing.conformance.backend import (
@@ -16,7 +21,12 @@ from statekit.testing.conformance.backend import (
     ManualClock,
 )
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
+from statekit.testing.conformance.connected import ConnectedStreamConformance
+from statekit.testing.conformance.datastream import DataStreamConformance
+from statekit.testing.conformance.keys import KeyEnumerationConformance
 from statekit.testing.conformance.namespaces import NamespaceConformance
+from statekit.testing.conformance.snapshots import SnapshotConformance
+from statekit.testing.conformance.statekinds import StateKindConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
 
 __all__ = [
@@ -29,8 +39,13 @@ __all__ = [
     "VALUE",
     "BackendConformance",
     "BlobStoreConformance",
+    "ConnectedStreamConformance",
+    "DataStreamConformance",
+    "KeyEnumerationConformance",
     "ManualClock",
     "NamespaceConformance",
+    "SnapshotConformance",
+    "StateKindConformance",
     "StorageConformance",
     "make_storage",
 ]
