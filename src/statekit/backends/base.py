@@ -269,19 +269,7 @@ class KeyedStateBackend(ABC):
         return state
 
     def _check_restored_layout(self, descriptor: StateDescriptor) -> None:
-        restored = self._restored_layouts.get(descriptor.name)
-        if restored is None or restored == descriptor.layout():
-            return
-        if "pickle" in repr(restored) and "pickle" not in repr(descriptor.layout()):
-            raise PickleNotAllowedError(
-                f"state '{descriptor.name}' was checkpointed with pickle, but its descriptor "
-                "does not opt into Types.PICKLED_BYTE_ARRAY()"
-            )
-        raise StateNameClashError(
-            f"incompatible with the restored checkpoint (checkpoint layout {restored}, "
-            f"descriptor layout {descriptor.layout()})",
-            descriptor.name,
-        )
+        check_restored_layout(descriptor, self._restored_layouts.get(descriptor.name))
 
     def state_meta(self, descriptor: StateDescriptor) -> StateMeta:
         """Serializers and stored kind for a descriptor (reducing/aggregating are stored as values)."""
@@ -364,6 +352,24 @@ class KeyedStateBackend(ABC):
 
     def dispose(self) -> None:
         """Release resources (files, handles, threads)."""
+
+
+def check_restored_layout(descriptor: StateDescriptor, restored: list[Any] | None) -> None:
+    """Refuse a descriptor whose layout differs from the one its state was checkpointed with
+    (``restored``; None: not restored): PickleNotAllowedError when the checkpoint used pickle
+    and the descriptor does not opt in, else StateNameClashError."""
+    if restored is None or restored == descriptor.layout():
+        return
+    if "pickle" in repr(restored) and "pickle" not in repr(descriptor.layout()):
+        raise PickleNotAllowedError(
+            f"state '{descriptor.name}' was checkpointed with pickle, but its descriptor "
+            "does not opt into Types.PICKLED_BYTE_ARRAY()"
+        )
+    raise StateNameClashError(
+        f"incompatible with the restored checkpoint (checkpoint layout {restored}, "
+        f"descriptor layout {descriptor.layout()})",
+        descriptor.name,
+    )
 
 
 def _check_namespace(namespace: Any) -> None:
