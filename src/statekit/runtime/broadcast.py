@@ -5,7 +5,7 @@
 Every element of the broadcast stream goes to every subtask, whose
 ``process_broadcast_element`` may change its broadcast state (a map, the same in every subtask
 as long as the function treats every subtask alike); the other input's elements go to one
-subtask each (keyed: by key; non-keyed: round-robin by input position) and see the broadcast
+subtask each (keyed: by key; non-keyed: round-robin) and see the broadcast
 state read-only.  The two inputs are read alternately, as connected streams are
 (:mod:`statekit.runtime.connected`).
 """
@@ -37,18 +37,27 @@ class Route(enum.Enum):
     UNKEYED = "one subtask, round-robin"
 
 
-def route(kind: Route, tasks: list[Any], value: Any, timestamp: int | None, position: int,
-          out: list[Any]) -> None:
-    """Deliver one element that has no key: to every task, or to one by input position."""
-    if kind is Route.BROADCAST:
-        for task in tasks:
-            produced = task.op.process_broadcast(value, timestamp)
-            if produced is not None:
-                out.extend(produced)
-        return
-    produced = tasks[position % len(tasks)].op.process_unkeyed(value, timestamp)
-    if produced is not None:
-        out.extend(produced)
+class Router:
+    """Delivers the elements that have no key, for one run of a job: broadcast ones to every
+    task, non-keyed ones round-robin (Flink's rebalance; after a restore the turn starts again
+    at subtask 0, and a replayed element may go to another subtask than before the failure)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def deliver(self, kind: Route, tasks: list[Any], value: Any, timestamp: int | None,
+                out: list[Any]) -> None:
+        if kind is Route.BROADCAST:
+            for task in tasks:
+                produced = task.op.process_broadcast(value, timestamp)
+                if produced is not None:
+                    out.extend(produced)
+            return
+        task = tasks[self.sent % len(tasks)]
+        self.sent += 1
+        produced = task.op.process_unkeyed(value, timestamp)
+        if produced is not None:
+            out.extend(produced)
 
 
 # --- user functions (PyFlink's names) -----------------------------------------------------------

@@ -29,7 +29,7 @@ from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.checkpoint.schema import OPERATOR_STATE, recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.batch import MODE_KEY, check_batch_job, is_batch, process_bounded
-from statekit.runtime.broadcast import Route, route
+from statekit.runtime.broadcast import Route, Router
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import OutputTag, side_output_of
 from statekit.runtime.operator import KeyedOperator
@@ -307,6 +307,7 @@ class LocalJob:
         outputs = self.outputs
         checkpointing = self.checkpoint_config.is_checkpointing_enabled()
         records, source_time, clock = self.time.records(), self.time, self.clock
+        router = Router()
         next_processing = min(t.op.timers.next_processing for t in tasks)
         while position < len(source):
             try:
@@ -317,7 +318,7 @@ class LocalJob:
                 try:
                     key = selector(value)
                     if key.__class__ is Route:  # a broadcast element, or one without a key
-                        route(key, tasks, value, timestamp, position, outputs.open)
+                        router.deliver(key, tasks, value, timestamp, outputs.open)
                         continue
                     task = tasks[key_group_for_bytes(serialize(key), maxp) * p // maxp]
                     produced = task.op.process_element(key, value, timestamp)

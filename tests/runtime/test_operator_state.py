@@ -1,0 +1,214 @@
+"""Operator state on the local runner: even-split and union list state and broadcast state
+through a stop-with-savepoint and resumes at parallelism 2 -> 3 -> 1, exactly as Flink
+redistributes them; both backends, every checkpoint storage."""
+
+import pytest
+
+from statekit import StreamExecutionEnvironment
+from statekit.backends.operator_format import FORMAT
+from statekit.checkpoint.savepoint import open_external
+from statekit.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    JobExecutionError,
+    ReadOnlyStateError,
+    StateNameClashError,
+)
+from statekit.runtime.broadcast import BroadcastProcessFunction
+from statekit.runtime.checkpointed import CheckpointedFunction
+from statekit.serde.types import Types
+from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor
+from statekit.testing.s3 import ACCESS_KEY, SECRET_KEY
+from tests.runtime.envs import env_for
+
+BACKENDS = ["hashmap", "rocksdb"]
+BUFFER = ListStateDescriptor("buffer", Types.LONG())
+SUBTASKS = ListStateDescriptor("subtasks", Types.STRING())
+CONFIG = MapStateDescriptor("config", Types.STRING(), Types.STRING())
+
+
+class Buffering(BroadcastProcessFunction, CheckpointedFunction):
+    """Buffers its elements in split list state, records itself in union list state before
+    each checkpoint, keeps ``k=v`` broadcast elements in broadcast state, and reports what it
+    was restored with when a ``report`` element is broadcast."""
+
+    def initialize_state(self, context):
+        store = context.get_operator_state_store()
+        self.buffer = store.get_list_state(BUFFER)
+        self.subtasks = store.get_union_list_state(SUBTASKS)
+        self.restored = (context.is_restored(), self.buffer.get(), self.subtasks.get())
+
+    def open(self, runtime_context):
+        self.index = runtime_context.get_index_of_this_subtask()
+
+    def snapshot_state(self, context):
+        self.subtasks.update([f"s{self.index}:{len(self.buffer.get())}"])
+
+    def process_element(self, value, ctx):
+        self.buffer.add(value)
+
+    def process_broadcast_element(self, value, ctx):
+        config = ctx.get_broadcast_state(CONFIG)
+        if value == "report":
+            yield self.index, self.restored, sorted(config.items())
+        else:
+            key, _, setting = value.partition("=")
+            config.put(key, setting)
+
+
+def _env(kind, tmp_path, backend, request, **conf):
+    if kind == "s3":
+        server = request.getfixturevalue("s3_server")
+        url = request.getfixturevalue("s3_url")
+        env = StreamExecutionEnvironment.get_execution_environment({
+            "state.backend.type": backend, "state.checkpoints.dir": f"{url}/chk",
+            "state.storage.fs.memory-threshold": "0", "s3.endpoint": server.endpoint_url,
+            "s3.access-key": ACCESS_KEY, "s3.secret-key": SECRET_KEY, **conf})
+        return env, f"{url}/sp"
+    if kind == "jobmanager":
+        env = StreamExecutionEnvironment.get_execution_environment({
+            "state.backend.type": backend, "state.checkpoint-storage": "jobmanager", **conf})
+    else:
+        env = env_for(tmp_path, backend, **conf)
+    return env, f"{tmp_path}/sp"
+
+
+def _run(env, events, broadcasts, parallelism, savepoint_dir):
+    env.set_parallelism(parallelism)
+    env.enable_checkpointing(10)
+    stream = env.from_collection(events).connect(env.from_collection(broadcasts).broadcast(CONFIG))
+    return stream.process(Buffering()).execute_and_collect(savepoint_dir=savepoint_dir)
+
+
+E1, B1 = [10, 11, 12, 13, 14], ["a=1", "b=2", "a=3", "c=4", "d=5"]
+E2, B2 = [20, 21, 22], ["report", "e=6", "f=7"]
+FIRST = [("a", "3"), ("b", "2"), ("c", "4"), ("d", "5")]
+
+
+@pytest.mark.parametrize("storage", ["jobmanager", "filesystem", "s3"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rescale_2_3_1_redistributes_as_flink(tmp_path, backend, storage, request):
+    env, sp = _env(storage, tmp_path, backend, request)
+    # p=2: round-robin puts 10, 12, 14 on subtask 0 and 11, 13 on subtask 1
+    first = _run(env, E1, B1, 2, sp)
+    assert list(first) == []
+    meta, _ = open_external(first.savepoint_path, getattr(
+        env.resolved_checkpoint_storage(), "storage_options", None))
+    assert len(meta["operator_state"]) == 2
+
+    env, _ = _env(storage, tmp_path, backend, request,
+                  **{"execution.savepoint.path": first.savepoint_path})
+    second = _run(env, E1 + E2, B1 + B2, 3, sp)
+    union = ["s0:3", "s1:2"]
+    # 5 elements [10, 12, 14 | 11, 13] to 3 subtasks: runs of 2, 2, 1 in old subtask order
+    assert sorted(second) == [(0, (True, [10, 12], union), FIRST),
+                              (1, (True, [14, 11], union), FIRST),
+                              (2, (True, [13], union), FIRST)]
+
+    env, _ = _env(storage, tmp_path, backend, request,
+                  **{"execution.savepoint.path": second.savepoint_path})
+    third = _run(env, E1 + E2, B1 + B2 + ["report"], 1, sp)
+    # 20, 21, 22 went round-robin to subtasks 0, 1, 2 of the second run
+    assert list(third) == [(0, (True, [10, 12, 20, 14, 11, 21, 13, 22],
+                                ["s0:3", "s1:3", "s2:2"]),
+                            [*FIRST, ("e", "6"), ("f", "7")])]
+
+
+def test_a_fresh_job_is_not_restored(tmp_path):
+    env = env_for(tmp_path)
+    env.enable_checkpointing(10)
+    out = (env.from_collection([1]).connect(env.from_collection(["report"]).broadcast(CONFIG))
+           .process(Buffering()).execute_and_collect())
+    assert sorted(out) == [(0, (False, [], []), []), (1, (False, [], []), [])]
+
+
+class WritesOnTheReadSide(BroadcastProcessFunction):
+    def process_element(self, value, ctx):
+        ctx.get_broadcast_state(CONFIG).put("k", "v")
+
+    def process_broadcast_element(self, value, ctx):
+        return None
+
+
+def test_the_read_only_side_cannot_write(tmp_path):
+    env = env_for(tmp_path)
+    job = (env.from_collection([1]).connect(env.from_collection(["x"]).broadcast(CONFIG))
+           .process(WritesOnTheReadSide()))
+    with pytest.raises(JobExecutionError) as info:
+        job.execute_and_collect()
+    assert isinstance(info.value.__cause__, ReadOnlyStateError)
+
+
+class Clash(Buffering):
+    def initialize_state(self, context):
+        store = context.get_operator_state_store()
+        store.get_list_state(BUFFER)
+        store.get_union_list_state(BUFFER)
+
+
+def test_one_name_one_kind(tmp_path):
+    env = env_for(tmp_path)
+    job = (env.from_collection([1]).connect(env.from_collection(["x"]).broadcast(CONFIG))
+           .process(Clash()))
+    with pytest.raises(StateNameClashError, match="union list state"):
+        job.execute_and_collect()
+
+
+class PickledBuffer(Buffering):
+    def initialize_state(self, context):
+        self.buffer = context.get_operator_state_store().get_list_state(
+            ListStateDescriptor("buffer", Types.PICKLED_BYTE_ARRAY()))
+
+    def snapshot_state(self, context):
+        pass
+
+
+def test_pickled_state_needs_a_descriptor_that_opts_in(tmp_path):
+    from statekit.errors import PickleNotAllowedError
+
+    env = env_for(tmp_path)
+    env.enable_checkpointing(10)
+    first = (env.from_collection([1, 2]).connect(env.from_collection(["a=1", "b=2"])
+                                                 .broadcast(CONFIG))
+             .process(PickledBuffer()).execute_and_collect(savepoint_dir=f"{tmp_path}/sp"))
+    env = env_for(tmp_path, **{"execution.savepoint.path": first.savepoint_path})
+    job = (env.from_collection([1, 2]).connect(env.from_collection(["a=1", "b=2"])
+                                               .broadcast(CONFIG)).process(Buffering()))
+    with pytest.raises(JobExecutionError) as info:  # damaged-checkpoint errors fail the attempt
+        job.execute_and_collect()
+    assert isinstance(info.value.__cause__, PickleNotAllowedError)
+
+
+def test_damaged_operator_state_is_a_typed_error(tmp_path):
+    from statekit.checkpoint.blobstore.fsspec import blob_store_for
+    from statekit.checkpoint.checksum import crc32
+    from statekit.checkpoint.metadata import decode_metadata, encode_metadata
+    from statekit.serde.types import packb
+
+    env = env_for(tmp_path)
+    env.enable_checkpointing(10)
+    first = _run(env, E1, B1, 2, f"{tmp_path}/sp")
+    store = blob_store_for(first.savepoint_path)
+    body = decode_metadata(store.get("_metadata"))
+    data = packb({"format": FORMAT, "version": 1, "states": {
+        "buffer": {"mode": "split", "layout": ["map", "LONG", None, False], "entries": [1]}}})
+    body["operator_state"][0] = {"type": "inline", "data": data, "size": len(data),
+                                 "crc": crc32(data)}
+    store.put("_metadata", encode_metadata(body))
+    env = env_for(tmp_path, **{"execution.savepoint.path": first.savepoint_path})
+    with pytest.raises(JobExecutionError, match="layout kind") as info:
+        _run(env, E1, B1, 2, None)
+    assert isinstance(info.value.__cause__, CorruptCheckpointError)
+    body["operator_state"] = body["operator_state"][:1]  # one subtask's entry lost
+    store.put("_metadata", encode_metadata(body))
+    with pytest.raises(CorruptCheckpointError, match="1 entries for 2 subtasks"):
+        _run(env_for(tmp_path, **{"execution.savepoint.path": first.savepoint_path}),
+             E1, B1, 2, None)
+
+
+def test_broadcast_streams_run_streaming_only(tmp_path):
+    env = env_for(tmp_path, **{"execution.runtime-mode": "BATCH"})
+    job = (env.from_collection([1]).connect(env.from_collection(["x"]).broadcast(CONFIG))
+           .process(Buffering()))
+    with pytest.raises(ConfigError, match="STREAMING"):
+        job.execute_and_collect()
