@@ -2,6 +2,8 @@
 through a stop-with-savepoint and resumes at parallelism 2 -> 3 -> 1, exactly as Flink
 redistributes them; both backends, every checkpoint storage."""
 
+import random
+
 import pytest
 
 from statekit import StreamExecutionEnvironment
@@ -14,10 +16,13 @@ from statekit.errors import (
     ReadOnlyStateError,
     StateNameClashError,
 )
-from statekit.runtime.broadcast import BroadcastProcessFunction
+from statekit.runtime.broadcast import BroadcastProcessFunction, KeyedBroadcastProcessFunction
 from statekit.runtime.checkpointed import CheckpointedFunction
+from statekit.runtime.functions import OutputTag
+from statekit.runtime.timers import TimeDomain
+from statekit.runtime.watermarks import WatermarkStrategy
 from statekit.serde.types import Types
-from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor
+from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statekit.testing.s3 import ACCESS_KEY, SECRET_KEY
 from tests.runtime.envs import env_for
 
@@ -212,3 +217,123 @@ def test_broadcast_streams_run_streaming_only(tmp_path):
            .process(Buffering()))
     with pytest.raises(ConfigError, match="STREAMING"):
         job.execute_and_collect()
+
+
+# --- the broadcast state pattern: rules broadcast, keyed events matched -------------------------
+
+RULES = MapStateDescriptor("rules", Types.STRING(), Types.LONG())
+COUNT = ValueStateDescriptor("matches", Types.LONG())
+BIG = OutputTag("big")
+
+
+class MatchRules(KeyedBroadcastProcessFunction):
+    """Counts each user's events at or above their type's threshold; ``reset`` clears every
+    user's count (``apply_to_keyed_state``); amounts over 900 also go to a side output."""
+
+    def open(self, runtime_context):
+        self.count = runtime_context.get_state(COUNT)
+
+    def process_element(self, value, ctx):
+        user, kind, amount = value
+        threshold = ctx.get_broadcast_state(RULES).get(kind)
+        if threshold is None or amount < threshold:
+            return
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield ctx.get_current_key(), kind, amount, n
+        if amount > 900:
+            yield BIG, (user, amount)
+
+    def process_broadcast_element(self, value, ctx):
+        op, kind, threshold = value
+        rules = ctx.get_broadcast_state(RULES)
+        if op == "set":
+            rules.put(kind, threshold)
+        elif op == "drop":
+            rules.remove(kind)
+        else:
+            ctx.apply_to_keyed_state(COUNT, lambda key, state: state.clear())
+
+
+def _workload(seed, n):
+    rng = random.Random(seed)
+    kinds = ["click", "buy", "view"]
+    events = [(f"u{rng.randrange(12)}", rng.choice(kinds), rng.randrange(1000)) for _ in range(n)]
+    rules = []
+    for _ in range(n):
+        roll = rng.random()
+        if roll < 0.6:
+            rules.append(("set", rng.choice(kinds), rng.randrange(1000)))
+        elif roll < 0.9:
+            rules.append(("drop", rng.choice(kinds), 0))
+        else:
+            rules.append(("reset", "", 0))
+    return events, rules
+
+
+def _reference(events, rules):
+    """The same rules in plain Python: one element of each input in turn."""
+    thresholds, counts, out, big = {}, {}, [], []
+    for i in range(max(len(events), len(rules))):
+        if i < len(events):
+            user, kind, amount = events[i]
+            if kind in thresholds and amount >= thresholds[kind]:
+                counts[user] = counts.get(user, 0) + 1
+                out.append((user, kind, amount, counts[user]))
+                if amount > 900:
+                    big.append((user, amount))
+        if i < len(rules):
+            op, kind, threshold = rules[i]
+            if op == "set":
+                thresholds[kind] = threshold
+            elif op == "drop":
+                thresholds.pop(kind, None)
+            else:
+                counts.clear()
+    return out, big
+
+
+def _match(env, events, rules, parallelism, savepoint_dir=None):
+    env.set_parallelism(parallelism)
+    env.enable_checkpointing(10)
+    processed = (env.from_collection(events).key_by(lambda e: e[0])
+                 .connect(env.from_collection(rules).broadcast(RULES)).process(MatchRules()))
+    return processed.execute_and_collect(savepoint_dir=savepoint_dir)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rules_pattern_equals_python_across_a_savepoint_and_rescale(tmp_path, backend):
+    events, rules = _workload(7, 400)
+    expected, expected_big = _reference(events, rules)
+    assert len(expected) > 50 and expected_big  # the workload matches, resets and alerts
+    first = _match(env_for(tmp_path, backend), events[:150], rules[:150], 2, f"{tmp_path}/sp")
+    env = env_for(tmp_path, backend, **{"execution.savepoint.path": first.savepoint_path})
+    second = _match(env, events, rules, 3)
+    assert sorted([*first, *second]) == sorted(expected)
+    big = [*first.get_side_output(BIG), *second.get_side_output(BIG)]
+    assert sorted(big) == sorted(expected_big)
+
+
+class Remind(KeyedBroadcastProcessFunction):
+    """Keyed side registers an event-time timer; the timer reads the broadcast state."""
+
+    def process_element(self, value, ctx):
+        ctx.timer_service().register_event_time_timer(ctx.timestamp() + 5)
+
+    def process_broadcast_element(self, value, ctx):
+        ctx.get_broadcast_state(RULES).put("greeting", value)
+
+    def on_timer(self, timestamp, ctx):
+        assert ctx.time_domain() == TimeDomain.EVENT_TIME
+        yield ctx.get_current_key(), timestamp, ctx.get_broadcast_state(RULES).get("greeting")
+
+
+def test_keyed_broadcast_timers_see_the_broadcast_state(tmp_path):
+    env = env_for(tmp_path)
+    strategy = (WatermarkStrategy.for_monotonous_timestamps()
+                .with_timestamp_assigner(lambda e, _ts: e[1]))
+    events = env.from_collection([("a", 10), ("b", 20)]).assign_timestamps_and_watermarks(strategy)
+    out = (events.key_by(lambda e: e[0]).connect(env.from_collection([1, 2]).broadcast(RULES))
+           .process(Remind()).execute_and_collect())
+    # b's watermark (19) fires a's timer before the second broadcast element; b's fires at the end
+    assert sorted(out) == [("a", 15, 1), ("b", 25, 2)]
