@@ -1,7 +1,8 @@
 """Conformance suites shipped with statekit: subclass them to test a plugin through its public
 interface, like zarr's ``StoreTests``.
 
-:class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
+:class:`BackendConformance` (a keyed state backend over every storage),
+:class:`OperatorStateConformance` (operator and broadcast state), :class:`StorageConformance`
 (a checkpoint storage) and :class:`BlobStoreConformance` (a blob store, checked against raw
 reads and writes that bypass its API).
 """
@@ -16,6 +17,7 @@ from statekit.testing.conformance.backend import (
     ManualClock,
 )
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
+from statekit.testing.conformance.operator import OperatorStateConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "BackendConformance",
     "BlobStoreConformance",
     "ManualClock",
+    "OperatorStateConformance",
     "StorageConformance",
     "make_storage",
 ]
