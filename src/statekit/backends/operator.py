@@ -340,3 +340,12 @@ def _clash(held: DistributionMode, asked: DistributionMode, restored: bool = Fal
 _KIND = {DistributionMode.SPLIT_DISTRIBUTE: "list state (get_list_state)",
          DistributionMode.UNION: "union list state (get_union_list_state)",
          DistributionMode.BROADCAST: "broadcast state (get_broadcast_state)"}
+
+
+def shares(handles: list[dict[str, Any] | None] | None, reader: StateReader | None,
+           parallelism: int) -> list[Snapshot | None]:
+    """Each new subtask's share of a checkpoint's operator state (``handles`` in old subtask
+    order; None: the checkpoint holds none), redistributed as Flink does."""
+    if not handles or reader is None:
+        return [None] * parallelism
+    return list(repartition(read_snapshots(handles, reader), parallelism))

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekit import config as cfg
 from statekit.backends.base import KeyedStateBackend
-from statekit.backends.operator import OperatorStateBackend, read_snapshots
-from statekit.backends.operator_format import Snapshot, repartition
+from statekit.backends.operator import OperatorStateBackend, shares
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
@@ -171,9 +170,6 @@ class LocalJob:
         self.batch = is_batch(self.env.get_runtime_mode())
         if self.batch:
             check_batch_job(self, savepoint_dir)
-            if getattr(self.func, "broadcast", False):
-                raise ConfigError(MODE_KEY, "the local runner runs broadcast-connected streams "
-                                            "in STREAMING mode only")
 
     # --- the job --------------------------------------------------------------------------------
 
@@ -247,7 +243,8 @@ class LocalJob:
 
     def _create_tasks(self, restore: _RestorePoint | None, attempt: int) -> list[_Task]:
         tasks = []
-        operator_states = _operator_states(restore, self.parallelism)
+        operator_states = shares(restore.metadata.get(OPERATOR_STATE) if restore else None,
+                                 restore.reader if restore else None, self.parallelism)
         restored_id = None if restore is None else int(restore.metadata.get("checkpoint_id", 0))
         for index in range(self.parallelism):
             rng = key_group_range_for_operator(self.max_parallelism, self.parallelism, index)
@@ -391,7 +388,7 @@ class LocalJob:
             return [task.op.snapshot_operator_state(checkpoint_id, now) for task in tasks]
         except StatekitError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # the user's snapshot_state failed
             raise _UserFailure() from exc
 
     def _payload(self, position: int) -> dict[str, Any]:
@@ -460,14 +457,6 @@ class LocalJob:
         result.savepoint_path = savepoint
         result.side_outputs = self.outputs.side
         return result
-
-
-def _operator_states(restore: _RestorePoint | None, parallelism: int) -> list[Snapshot | None]:
-    """Each new task's share of the restored operator state (Flink's redistribution)."""
-    handles = [] if restore is None else restore.metadata.get(OPERATOR_STATE) or []
-    if not handles:
-        return [None] * parallelism
-    return list(repartition(read_snapshots(handles, restore.reader), parallelism))  # type: ignore[union-attr]
 
 
 def _close_quietly(task: _Task) -> None:
