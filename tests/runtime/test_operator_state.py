@@ -3,6 +3,7 @@ through a stop-with-savepoint and resumes at parallelism 2 -> 3 -> 1, exactly as
 redistributes them; both backends, every checkpoint storage."""
 
 import random
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from statekit.errors import (
     ReadOnlyStateError,
     StateNameClashError,
 )
+from statekit.inspection import open_checkpoint
 from statekit.runtime.broadcast import BroadcastProcessFunction, KeyedBroadcastProcessFunction
 from statekit.runtime.checkpointed import CheckpointedFunction
 from statekit.runtime.functions import OutputTag
@@ -337,3 +339,49 @@ def test_keyed_broadcast_timers_see_the_broadcast_state(tmp_path):
            .process(Remind()).execute_and_collect())
     # b's watermark (19) fires a's timer before the second broadcast element; b's fires at the end
     assert sorted(out) == [("a", 15, 1), ("b", 25, 2)]
+
+
+FAILED_ONCE: list[int] = []
+
+
+class FailsOnce(Buffering):
+    """Fails the first time it sees element 25 (after some checkpoints were taken)."""
+
+    def process_element(self, value, ctx):
+        time.sleep(0.002)
+        if value == 25 and not FAILED_ONCE:
+            FAILED_ONCE.append(value)
+            raise RuntimeError("boom")
+        self.buffer.add(value)
+
+
+class SnapshotFails(Buffering):
+    def snapshot_state(self, context):
+        raise RuntimeError("snapshot_state failed")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_failover_restores_operator_state_exactly_once(tmp_path, backend):
+    FAILED_ONCE.clear()
+    env = env_for(tmp_path, backend, **{"restart-strategy.type": "fixed-delay",
+                                        "restart-strategy.fixed-delay.attempts": "2",
+                                        "restart-strategy.fixed-delay.delay": "0 ms"})
+    env.enable_checkpointing(10)
+    events, settings = list(range(40)), [f"k{i}={i}" for i in range(40)]
+    result = (env.from_collection(events).connect(env.from_collection(settings).broadcast(CONFIG))
+              .process(FailsOnce()).execute_and_collect(savepoint_dir=f"{tmp_path}/sp"))
+    assert result.restarts == 1 and FAILED_ONCE == [25]
+    assert any(s.status == "completed" for s in result.checkpoint_stats)
+    states = {s.name: s.to_pandas() for s in open_checkpoint(result.savepoint_path).operator_states()}
+    assert sorted(states["buffer"].value) == events  # every element once, none twice
+    config = states["config"]
+    assert (config.groupby("subtask").size() == 40).all()
+
+
+def test_a_failing_snapshot_state_fails_the_job(tmp_path):
+    env = env_for(tmp_path)
+    env.enable_checkpointing(10)
+    job = (env.from_collection([1]).connect(env.from_collection(["a=1"]).broadcast(CONFIG))
+           .process(SnapshotFails()))
+    with pytest.raises(JobExecutionError, match="snapshot_state failed"):
+        job.execute_and_collect()
