@@ -270,7 +270,7 @@ class OperatorStateBackend:
         if restored is not None:
             if restored.mode is not mode:
                 raise StateNameClashError(_clash(restored.mode, mode, restored=True), name)
-            check_restored_layout(descriptor, restored.layout)
+            check_restored_layout(name, restored.layout, descriptor.layout())
 
     @staticmethod
     def _same_layout(known: StateDescriptor, descriptor: StateDescriptor) -> None:

@@ -1,10 +1,10 @@
 """Conformance suites shipped with statekit: subclass them to test a plugin through its public
 interface, like zarr's ``StoreTests``.
 
-:class:`BackendConformance` (a keyed state backend over every storage),
-:class:`OperatorStateConformance` (operator and broadcast state), :class:`StorageConformance`
-(a checkpoint storage) and :class:`BlobStoreConformance` (a blob store, checked against raw
-reads and writes that bypass its API).
+:class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
+(a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
+reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state)
+and :class:`OperatorStateConformance` (operator and broadcast state).
 """
 
 from statekit.testing.conformance.backend import (
@@ -17,6 +17,7 @@ from statekit.testing.conformance.backend import (
     ManualClock,
 )
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
+from statekit.testing.conformance.namespaces import NamespaceConformance
 from statekit.testing.conformance.operator import OperatorStateConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
 
@@ -31,6 +32,7 @@ __all__ = [
     "BackendConformance",
     "BlobStoreConformance",
     "ManualClock",
+    "NamespaceConformance",
     "OperatorStateConformance",
     "StorageConformance",
     "make_storage",
