@@ -15,12 +15,13 @@ from statekit.errors import (
     CorruptCheckpointError,
     JobExecutionError,
     ReadOnlyStateError,
+    StateError,
     StateNameClashError,
 )
 from statekit.inspection import open_checkpoint
 from statekit.runtime.broadcast import BroadcastProcessFunction, KeyedBroadcastProcessFunction
 from statekit.runtime.checkpointed import CheckpointedFunction
-from statekit.runtime.functions import OutputTag
+from statekit.runtime.functions import KeyedProcessFunction, MapFunction, OutputTag
 from statekit.runtime.timers import TimeDomain
 from statekit.runtime.watermarks import WatermarkStrategy
 from statekit.serde.types import Types
@@ -385,3 +386,70 @@ def test_a_failing_snapshot_state_fails_the_job(tmp_path):
            .process(SnapshotFails()))
     with pytest.raises(JobExecutionError, match="snapshot_state failed"):
         job.execute_and_collect()
+
+
+class CountsPerSubtask(KeyedProcessFunction, CheckpointedFunction):
+    """A keyed function with operator state: how many elements each subtask saw."""
+
+    def initialize_state(self, context):
+        self.seen = context.get_operator_state_store().get_union_list_state(
+            ListStateDescriptor("seen", Types.LONG()))
+        self.before = sum(self.seen.get())
+        self.count = 0
+
+    def snapshot_state(self, context):
+        self.seen.update([self.count])
+
+    def process_element(self, value, ctx):
+        self.count += 1
+        yield self.before
+
+
+class MapWithOperatorState(MapFunction, CheckpointedFunction):
+    def initialize_state(self, context):
+        self.seen = context.get_operator_state_store().get_list_state(
+            ListStateDescriptor("mapped", Types.LONG()))
+
+    def snapshot_state(self, context):
+        pass
+
+    def map(self, value):
+        self.seen.add(value)
+        return value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keyed_functions_keep_operator_state(tmp_path, backend):
+    env = env_for(tmp_path, backend)
+    env.enable_checkpointing(10)
+    first = (env.from_collection(list(range(10))).key_by(lambda v: v % 4)
+             .process(CountsPerSubtask()).execute_and_collect(savepoint_dir=f"{tmp_path}/sp"))
+    assert set(first) == {0}
+    env = env_for(tmp_path, backend, **{"execution.savepoint.path": first.savepoint_path})
+    env.set_parallelism(3)
+    second = (env.from_collection(list(range(12))).key_by(lambda v: v % 4)
+              .process(CountsPerSubtask()).execute_and_collect())
+    assert set(second) == {10}  # the union of both subtasks' counts, on every new subtask
+    env = env_for(tmp_path, backend)
+    env.enable_checkpointing(10)
+    mapped = (env.from_collection([1, 2, 3]).key_by(lambda v: v).map(MapWithOperatorState())
+              .execute_and_collect(savepoint_dir=f"{tmp_path}/sp2"))
+    view = open_checkpoint(mapped.savepoint_path)
+    assert sorted(view.state("mapped").to_pandas().value) == [1, 2, 3]
+
+
+def test_engines_without_operator_state_refuse_it():
+    from statekit.testing import KeyedOneInputStreamOperatorTestHarness
+
+    for function in (CountsPerSubtask(), Buffering()):
+        with KeyedOneInputStreamOperatorTestHarness(function, lambda v: v) as harness, \
+                pytest.raises(StateError, match="local runner only"):
+            harness.open()
+
+
+def test_spark_adapters_refuse_operator_state_in_the_driver():
+    from statekit.spark.adapters import build_spec
+
+    for function in (CountsPerSubtask(), MatchRules()):
+        with pytest.raises(StateError, match="local runner only"):
+            build_spec(None, function, ["k"], "k long", None, None)  # before Spark is asked

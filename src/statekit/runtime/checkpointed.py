@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from statekit.backends.operator import OperatorStateBackend
+from statekit.errors import StateError
 
 
 class FunctionInitializationContext:
@@ -77,3 +78,15 @@ def checkpointed_part(function: Any) -> CheckpointedFunction | None:
             return None
         function = inner
 
+
+def refuse_operator_state(function: Any, engine: str) -> None:
+    """StateError when ``function`` keeps operator state (a CheckpointedFunction, a broadcast
+    function) on an engine that neither snapshots nor restores it: refused, never lost."""
+    if callable(getattr(function, "process_broadcast_element", None)):
+        raise StateError(f"{type(function).__name__} is a broadcast process function: broadcast "
+                         f"streams run on the local runner only, not in {engine}")
+    part = checkpointed_part(function)
+    if part is not None:
+        raise StateError(f"{type(part).__name__} is a CheckpointedFunction: operator state runs "
+                         f"on the local runner only, not in {engine}; keep the state in keyed "
+                         "state (runtime_context.get_state, ...)")

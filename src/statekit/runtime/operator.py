@@ -19,6 +19,7 @@ from statekit.runtime.checkpointed import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
     checkpointed_part,
+    refuse_operator_state,
 )
 from statekit.runtime.functions import (
     Function,
@@ -46,6 +47,8 @@ class KeyedOperator:
                  open_now: bool = True, operator_state: OperatorStateBackend | None = None,
                  restored_checkpoint_id: int | None = None) -> None:
         self.backend = backend
+        if operator_state is None:  # an engine without operator state (Spark, the harness)
+            refuse_operator_state(function, "this engine")
         #: the subtask's operator state (restored by the engine, or empty)
         self.operator_state = operator_state or OperatorStateBackend()
         self.restored_checkpoint_id = restored_checkpoint_id
