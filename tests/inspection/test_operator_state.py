@@ -66,3 +66,23 @@ def test_cli_inspect_and_export(job, tmp_path):
     result = export_state(job.savepoint_path, "buffer", str(tmp_path / "b.parquet"))
     assert result.rows == 5
     assert pd.read_parquet(tmp_path / "b.parquet").value.tolist() == [10, 12, 14, 11, 13]
+
+
+def test_converted_savepoint_keeps_operator_state(job, tmp_path):
+    from statekit.inspection import convert_savepoint
+    from tests.runtime.test_operator_state import B2, E2
+    from tests.runtime.test_operator_state import FIRST as RESTORED_CONFIG
+
+    converted = convert_savepoint(job.savepoint_path, str(tmp_path / "converted"),
+                                  backend="rocksdb", max_parallelism=64)
+    assert {s.name for s in open_checkpoint(converted).operator_states()} == {
+        "buffer", "config", "subtasks"}
+    env = env_for(tmp_path, "rocksdb", **{"execution.savepoint.path": converted,
+                                          "pipeline.max-parallelism": 64})
+    env.set_parallelism(3)
+    out = (env.from_collection(E1 + E2).connect(env.from_collection(B1 + B2).broadcast(CONFIG))
+           .process(Buffering()).execute_and_collect())
+    union = ["s0:3", "s1:2"]
+    assert sorted(out) == [(0, (True, [10, 12], union), RESTORED_CONFIG),
+                           (1, (True, [14, 11], union), RESTORED_CONFIG),
+                           (2, (True, [13], union), RESTORED_CONFIG)]

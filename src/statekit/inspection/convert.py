@@ -23,7 +23,9 @@ from statekit import workdirs
 from statekit.backends.kvformat import KV_FORMAT
 from statekit.backends.structure import reusing_native_dbs
 from statekit.checkpoint.checksum import locate
+from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint
+from statekit.checkpoint.schema import OPERATOR_STATE
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import ConfigError, StateError
 from statekit.inspection.entries import iter_chunks
@@ -157,6 +159,10 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
         handle["key_type"] = recorded[0]  # the keys are copied unchanged: so is their type
     kept = {k: v for k, v in body.items() if k in ("job_id", "job_name", "source", "parallelism",
                                                    "query_id", "operator_id", "batch", "time")}
+    if body.get(OPERATOR_STATE) and view.sources:  # per subtask, whatever the backend: copied
+        reader = StateReader(view.sources[0].store)
+        kept[OPERATOR_STATE] = [None if h is None else streams.write(
+            reader.read(h), state_name="operator-state") for h in body[OPERATOR_STATE]]
     return savepoint.commit({
         **kept, "tasks": {"converted": handle}, "max_parallelism": maxp, "backend": name,
         "checkpoint_id": view.info.id or 0, "timestamp": int(time.time() * 1000),

@@ -64,8 +64,10 @@ class OperatorStateView:
     def count(self, progress: Any = None) -> int:
         return self.keys
 
-    def _chunks(self) -> Iterator[Chunk]:
+    def _chunks(self, progress: Any = None) -> Iterator[Chunk]:
         for (subtask, entries), size in zip(self._parts, self._nbytes, strict=True):
+            if progress is not None:
+                progress(size)
             yield Chunk([subtask], [entries.entries], size)
 
     def plan(self, key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
@@ -82,12 +84,11 @@ class OperatorStateView:
     def read_batches(self, *, key_type: TypeChoice = "auto", value_type: TypeChoice = "auto",
                      batch_rows: int = 65536, progress: Any = None, **_: Any
                      ) -> Iterator[pa.RecordBatch]:
-        """The state's rows as record batches (one per subtask or more)."""
+        """The state's rows as record batches; ``progress(n)`` is told each subtask's snapshot
+        bytes as it is read."""
         plan = self.plan(key_type, value_type)
         schema = _renamed(plan.schema)
-        for batch in record_batches(plan, self._chunks(), batch_rows):
-            if progress is not None:
-                progress(0)
+        for batch in record_batches(plan, self._chunks(progress), batch_rows):
             yield batch.rename_columns(schema.names)
 
     def to_pandas(self, **options: Any) -> pd.DataFrame:
