@@ -86,3 +86,16 @@ def test_converted_savepoint_keeps_operator_state(job, tmp_path):
     assert sorted(out) == [(0, (True, [10, 12], union), RESTORED_CONFIG),
                            (1, (True, [14, 11], union), RESTORED_CONFIG),
                            (2, (True, [13], union), RESTORED_CONFIG)]
+
+
+def test_spark_restores_refuse_operator_state_unless_converted_without(job, tmp_path):
+    from statekit.errors import ConfigError
+    from statekit.inspection import convert_savepoint
+    from statekit.runtime.partition import external_sources
+
+    with pytest.raises(ConfigError, match="keep_operator_state=False"):
+        external_sources(job.savepoint_path, "op")
+    keyed_only = convert_savepoint(job.savepoint_path, str(tmp_path / "keyed"),
+                                   keep_operator_state=False)
+    assert open_checkpoint(keyed_only).operator_states() == []
+    assert len(external_sources(keyed_only, "op")) == 1
