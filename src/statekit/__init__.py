@@ -3,6 +3,7 @@
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.legacy import CustomStateBackend, FsStateBackend, MemoryStateBackend
+from statekit.backends.operator import BroadcastState, ReadOnlyBroadcastState
 from statekit.checkpoint.config import (
     CheckpointConfig,
     CheckpointingMode,
@@ -16,6 +17,12 @@ from statekit.checkpoint.storage import (
 )
 from statekit.durations import Time
 from statekit.runtime.batch import RuntimeExecutionMode
+from statekit.runtime.broadcast import BroadcastProcessFunction, KeyedBroadcastProcessFunction
+from statekit.runtime.checkpointed import (
+    CheckpointedFunction,
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+)
 from statekit.runtime.connected import CoFlatMapFunction, CoMapFunction, KeyedCoProcessFunction
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import (
@@ -63,8 +70,11 @@ __all__ = [
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
+    "BroadcastProcessFunction",
+    "BroadcastState",
     "CheckpointConfig",
     "CheckpointStorage",
+    "CheckpointedFunction",
     "CheckpointingMode",
     "CoFlatMapFunction",
     "CoMapFunction",
@@ -76,8 +86,11 @@ __all__ = [
     "FilterFunction",
     "FlatMapFunction",
     "FsStateBackend",
+    "FunctionInitializationContext",
+    "FunctionSnapshotContext",
     "HashMapStateBackend",
     "JobManagerCheckpointStorage",
+    "KeyedBroadcastProcessFunction",
     "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStateBackend",
@@ -89,6 +102,7 @@ __all__ = [
     "MemoryStateBackend",
     "OutputTag",
     "PredefinedOptions",
+    "ReadOnlyBroadcastState",
     "ReduceFunction",
     "ReducingState",
     "ReducingStateDescriptor",

@@ -62,6 +62,10 @@ class StateNameClashError(StateError, ValueError):
     """Two descriptors of different kinds or types were registered under one state name."""
 
 
+class ReadOnlyStateError(StateError, TypeError):
+    """A read-only view of state was written to (broadcast state on the non-broadcast side)."""
+
+
 class InvalidStateNameError(StateError, ValueError):
     """A state name no backend can hold (empty, a NUL character, not encodable as UTF-8, too long)."""
 

@@ -249,19 +249,7 @@ class KeyedStateBackend(NamespacedStates, ABC):
         return raw
 
     def _check_restored_layout(self, name: str, layout: list[Any]) -> None:
-        restored = self._restored_layouts.get(name)
-        if restored is None or restored == layout:
-            return
-        if "pickle" in repr(restored) and "pickle" not in repr(layout):
-            raise PickleNotAllowedError(
-                f"state '{name}' was checkpointed with pickle, but its descriptor "
-                "does not opt into Types.PICKLED_BYTE_ARRAY()"
-            )
-        raise StateNameClashError(
-            f"incompatible with the restored checkpoint (checkpoint layout {restored}, "
-            f"descriptor layout {layout})",
-            name,
-        )
+        check_restored_layout(name, self._restored_layouts.get(name), layout)
 
     def state_meta(self, descriptor: StateDescriptor) -> StateMeta:
         """Serializers and stored kind for a descriptor (reducing/aggregating are stored as values)."""
@@ -344,6 +332,24 @@ class KeyedStateBackend(NamespacedStates, ABC):
 
     def dispose(self) -> None:
         """Release resources (files, handles, threads)."""
+
+
+def check_restored_layout(name: str, restored: list[Any] | None, layout: list[Any]) -> None:
+    """Refuse a descriptor ``layout`` that differs from the one state ``name`` was checkpointed
+    with (``restored``; None: not restored): PickleNotAllowedError when the checkpoint used
+    pickle and the descriptor does not opt in, else StateNameClashError."""
+    if restored is None or restored == layout:
+        return
+    if "pickle" in repr(restored) and "pickle" not in repr(layout):
+        raise PickleNotAllowedError(
+            f"state '{name}' was checkpointed with pickle, but its descriptor "
+            "does not opt into Types.PICKLED_BYTE_ARRAY()"
+        )
+    raise StateNameClashError(
+        f"incompatible with the restored checkpoint (checkpoint layout {restored}, "
+        f"descriptor layout {layout})",
+        name,
+    )
 
 
 @contextmanager

@@ -163,6 +163,10 @@ def recorded_key_groups(task: Any, path: str = "task handle") -> KeyGroupRange:
                                         UPPER_BOUND_MAX_PARALLELISM - 1))
 
 
+#: the metadata key of the subtasks' operator state handles (a list in subtask order)
+OPERATOR_STATE = "operator_state"
+
+
 def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> dict[str, Any]:
     """``body`` after checking every field statekit reads (see the module docstring)."""
     body = mapping(body, where)
@@ -200,7 +204,19 @@ def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> d
             text(attempt[1], f"{where}: attempts[{n}]")
     if "tasks" in body or body.get("layout") in _WITH_TASKS:
         _check_tasks(body.get("tasks"), f"{where}: tasks", maxp)
+    if OPERATOR_STATE in body:
+        _check_operator_state(body, f"{where}: {OPERATOR_STATE}")
     return body
+
+
+def _check_operator_state(body: dict[Any, Any], path: str) -> None:
+    """One entry per subtask (a handle, or None for a subtask without operator state)."""
+    entries = sequence(body[OPERATOR_STATE], path)
+    if "parallelism" in body and len(entries) != body["parallelism"]:
+        raise fail(path, f"{len(entries)} entries for {body['parallelism']} subtasks")
+    for n, entry in enumerate(entries):
+        if entry is not None:
+            handle(mapping(entry, f"{path}[{n}]"), f"{path}[{n}]")
 
 
 def _check_tasks(value: Any, path: str, maxp: int | None) -> None:

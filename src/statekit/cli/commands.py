@@ -157,7 +157,7 @@ def inspect(path: str, as_json: bool, batch: int | None, checkpoint_id: int | No
     as of its last committed batch, unless --batch)."""
     view = _open(path, batch=batch, checkpoint_id=checkpoint_id, storage_options=storage_options,
                  snapshots_only=snapshots_only)
-    states = view.states(include_internal=internal)
+    states: list[Any] = [*view.states(include_internal=internal), *view.operator_states()]
     counted: dict[tuple[str, str], int] = {}
     if count:
         from statekit.backends.structure import reusing_native_dbs

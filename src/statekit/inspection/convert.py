@@ -23,7 +23,9 @@ from statekit import workdirs
 from statekit.backends.kvformat import KV_FORMAT
 from statekit.backends.structure import reusing_native_dbs
 from statekit.checkpoint.checksum import locate
+from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint
+from statekit.checkpoint.schema import OPERATOR_STATE
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import ConfigError, StateError
 from statekit.inspection.entries import iter_chunks
@@ -110,7 +112,7 @@ def _write_indexed(streams: CheckpointStreams, state: StateView, paths: list[Pat
 def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
                       backend: str | None = None, max_parallelism: int | None = None,
                       operator: str | None = None, batch: int | None = None,
-                      include_internal: bool = False,
+                      include_internal: bool = False, keep_operator_state: bool = True,
                       storage_options: dict[str, Any] | None = None,
                       target_options: dict[str, Any] | None = None,
                       progress: Progress = None) -> str:
@@ -118,7 +120,8 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
 
     ``backend`` names the backend meant to restore it (recorded; every backend reads the
     format), ``max_parallelism`` the key groups it is cut into (default: the source's).
-    statekit's internal states are left out unless ``include_internal``.  A target inside the
+    statekit's internal states are left out unless ``include_internal``; the operator state
+    (per subtask, backend-neutral) is copied unless not ``keep_operator_state``.  A target inside the
     checkpoint's own directory is refused (ConfigError).
     """
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
@@ -157,6 +160,10 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
         handle["key_type"] = recorded[0]  # the keys are copied unchanged: so is their type
     kept = {k: v for k, v in body.items() if k in ("job_id", "job_name", "source", "parallelism",
                                                    "query_id", "operator_id", "batch", "time")}
+    if keep_operator_state and body.get(OPERATOR_STATE) and view.sources:  # backend-neutral
+        reader = StateReader(view.sources[0].store)
+        kept[OPERATOR_STATE] = [None if h is None else streams.write(
+            reader.read(h), state_name="operator-state") for h in body[OPERATOR_STATE]]
     return savepoint.commit({
         **kept, "tasks": {"converted": handle}, "max_parallelism": maxp, "backend": name,
         "checkpoint_id": view.info.id or 0, "timestamp": int(time.time() * 1000),

@@ -23,6 +23,7 @@ from statekit.checkpoint.blobstore.base import is_url
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import METADATA
 from statekit.checkpoint.metadata import decode_metadata
+from statekit.checkpoint.reader import StateReader
 from statekit.errors import (
     CarriedStateError,
     CheckpointNotFoundError,
@@ -40,6 +41,7 @@ from statekit.inspection.entries import (
     state_entries,
 )
 from statekit.inspection.model import CheckpointInfo, PartitionInfo, StateInfo, handle_size
+from statekit.inspection.operator import OperatorStateView, operator_states
 from statekit.serde.keygroups import KeyGroupRange
 
 if TYPE_CHECKING:
@@ -223,6 +225,11 @@ class CheckpointView:
                     grouped.setdefault((part.operator, state.name), []).append((part, state, source))
         return [StateView(name, op, parts) for (op, name), parts in sorted(grouped.items())]
 
+    def operator_states(self) -> list[OperatorStateView]:
+        """The subtasks' operator states (list, union list, broadcast), by name."""
+        sources = self.sources
+        return operator_states(self.metadata, StateReader(sources[0].store) if sources else None)
+
     def check_outside(self, target: str, what: str = "to") -> None:
         """ConfigError when ``target`` (a path or URL a tool writes to) lies inside a directory
         this view reads: a checkpoint, savepoint or Spark partition directory is statekit's,
@@ -250,14 +257,18 @@ class CheckpointView:
         return StateView("timers", operators[0],
                          [part for view in found for part in view._parts])
 
-    def state(self, name: str, operator: str | None = None) -> StateView:
-        """The state ``name`` (of ``operator`` when several operators have one of that name)."""
-        found = [s for s in self.states(include_internal=True)
-                 if s.name == name and operator in (None, s.operator)]
+    def state(self, name: str, operator: str | None = None) -> StateView | OperatorStateView:
+        """The state ``name`` (of ``operator`` when several operators have one of that name;
+        operator state is operator ``operator-state``)."""
+        found: list[Any] = [s for s in self.states(include_internal=True)
+                            if s.name == name and operator in (None, s.operator)]
+        found += [s for s in self.operator_states()
+                  if s.name == name and operator in (None, s.operator)]
         if len(found) == 1:
             return found[0]
         if not found:
-            known = ", ".join(sorted({s.name for s in self.states()})) or "none"
+            known = ", ".join(sorted({s.name for s in [*self.states(), *self.operator_states()]
+                                      })) or "none"
             raise StateError(f"no such state in {self.path} (states: {known})", name)
         raise StateError(f"held by several operators ({', '.join(s.operator for s in found)}); "
                          "name one", name)

@@ -40,6 +40,9 @@ def check_batch_job(job: LocalJob, savepoint_dir: str | None) -> None:
         raise ConfigError(MODE_KEY, "BATCH execution runs without checkpoints (a failure "
                                     "restarts from the start): disable checkpointing, or run "
                                     "STREAMING")
+    if getattr(job.func, "broadcast", False):
+        raise ConfigError(MODE_KEY, "the local runner runs broadcast-connected streams in "
+                                    "STREAMING mode only")
     if savepoint_dir is not None or job.env.get_configuration().get("execution.savepoint.path"):
         raise ConfigError(MODE_KEY, "BATCH execution neither takes nor restores savepoints: "
                                     "run STREAMING for that")

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, SnapshotRun
+from statekit.backends.operator import OperatorStateBackend
 from statekit.checkpoint.config import CheckpointConfig
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.checkpoint.schema import OPERATOR_STATE
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError, CheckpointTimeoutError, StatekitError
 
@@ -57,6 +59,8 @@ class _PendingCheckpoint:
     futures: dict[str, Future[dict[str, Any]]] = field(default_factory=dict)
     stats: CheckpointStats | None = None
     tasks: dict[str, KeyedStateBackend] = field(default_factory=dict)
+    #: the tasks' operator state writes, in task order (None: a task without operator state)
+    operator: list[Future[dict[str, Any]] | None] = field(default_factory=list)
     base_floor: float = float("inf")  # oldest retained checkpoint this attempt may build on
 
 
@@ -101,8 +105,11 @@ class CheckpointCoordinator:
             return False
         return (now - self._last_end) * 1000 >= self.config.get_min_pause_between_checkpoints()
 
-    def trigger(self, tasks: dict[str, KeyedStateBackend], payload: dict[str, Any]) -> int:
-        """Snapshot every task now (synchronous parts here, asynchronous parts on the pool)."""
+    def trigger(self, tasks: dict[str, KeyedStateBackend], payload: dict[str, Any],
+                operator_state: list[bytes | None] | None = None) -> int:
+        """Snapshot every task now (synchronous parts here, asynchronous parts on the pool);
+        ``operator_state``: the tasks' operator state snapshots, in task order, written with
+        their keyed state."""
         cid = self.next_id
         self.next_id += 1
         self._last_trigger = self.clock()
@@ -121,6 +128,10 @@ class CheckpointCoordinator:
                 stats.sync_seconds += run.sync_seconds
             for name, run in pending.runs.items():
                 pending.futures[name] = self._pool.submit(self._timed, run, stats)
+            for name, data in zip(pending.streams, operator_state or [None] * len(tasks),
+                                  strict=True):
+                pending.operator.append(None if data is None else self._pool.submit(
+                    OperatorStateBackend.write, data, pending.streams[name]))
         except Exception as exc:
             self._fail(pending, exc)
         return cid
@@ -146,21 +157,21 @@ class CheckpointCoordinator:
             timeout = self.config.get_checkpoint_timeout() / 1000
             if wait:
                 remaining = max(0.0, timeout - (self.clock() - pending.started))
-                for future in pending.futures.values():
+                for future in _all_futures(pending):
                     try:
                         future.result(timeout=remaining)
                     except Exception:  # inspected below
                         break
             if self.clock() - pending.started > timeout and not all(
-                f.done() for f in pending.futures.values()
+                f.done() for f in _all_futures(pending)
             ):
                 self._fail(pending, CheckpointTimeoutError(
                     f"checkpoint {cid} exceeded the timeout of "
                     f"{self.config.get_checkpoint_timeout()} ms and was aborted"))
                 continue
-            if not all(f.done() for f in pending.futures.values()):
+            if not all(f.done() for f in _all_futures(pending)):
                 continue
-            errors = [f.exception() for f in pending.futures.values() if f.exception()]
+            errors = [f.exception() for f in _all_futures(pending) if f.exception()]
             if errors:
                 self._fail(pending, errors[0])  # type: ignore[arg-type]
                 continue
@@ -178,6 +189,8 @@ class CheckpointCoordinator:
         cid = pending.checkpoint_id
         handles = {name: f.result() for name, f in pending.futures.items()}
         body = {**pending.payload, "tasks": handles, "timestamp": int(time.time() * 1000)}
+        if any(f is not None for f in pending.operator):
+            body[OPERATOR_STATE] = [None if f is None else f.result() for f in pending.operator]
         stats = pending.stats
         assert stats is not None
         stats.path = self.access.commit(cid, body)
@@ -213,7 +226,7 @@ class CheckpointCoordinator:
         """Delete what aborted attempts wrote after their abort, once their threads have ended."""
         still = []
         for pending in self._zombies:
-            if all(f.done() for f in pending.futures.values()):
+            if all(f.done() for f in _all_futures(pending)):
                 written = [p for s in pending.streams.values() for p in s.written]
                 self.access.abort(pending.checkpoint_id, written, self.retained)
             else:
@@ -223,7 +236,7 @@ class CheckpointCoordinator:
     def _abort(self, pending: _PendingCheckpoint, reason: str) -> None:
         for streams in pending.streams.values():
             streams.cancelled = True
-        for future in pending.futures.values():
+        for future in _all_futures(pending):
             future.cancel()
         for run in pending.runs.values():
             run.cancel()
@@ -232,7 +245,7 @@ class CheckpointCoordinator:
             backend.notify_checkpoint_aborted(pending.checkpoint_id)
         written = [p for s in pending.streams.values() for p in s.written]
         self.access.abort(pending.checkpoint_id, written, self.retained)
-        if not all(f.done() for f in pending.futures.values()):
+        if not all(f.done() for f in _all_futures(pending)):
             self._zombies.append(pending)
         if pending.stats is not None:
             pending.stats.status = "aborted"
@@ -303,3 +316,8 @@ class CheckpointCoordinator:
             written = [path for s in p.streams.values() for path in s.written]
             self.access.abort(p.checkpoint_id, written, self.retained)
         self._sweep_zombies()
+
+
+def _all_futures(pending: _PendingCheckpoint) -> list[Future[dict[str, Any]]]:
+    """Every write of a checkpoint attempt: keyed state and operator state."""
+    return [*pending.futures.values(), *(f for f in pending.operator if f is not None)]

@@ -12,6 +12,7 @@ from typing import Any
 
 from statekit.errors import ConfigTypeError
 from statekit.runtime.aggregations import Accumulate, FilterAdapter, ReduceAdapter, accumulator
+from statekit.runtime.broadcast import BroadcastConnectedStream, BroadcastStream
 from statekit.runtime.connected import ConnectedStreams
 from statekit.runtime.functions import (
     FilterFunction,
@@ -26,6 +27,7 @@ from statekit.runtime.job import CollectResult, LocalJob
 from statekit.runtime.watermarks import SourceTime, WatermarkStrategy
 from statekit.serde.types import TypeInformation
 from statekit.state.api import ReduceFunction
+from statekit.state.descriptors import MapStateDescriptor
 
 
 class DataStream:
@@ -69,9 +71,18 @@ class DataStream:
                ) -> KeyedStream:
         return KeyedStream(self, key_selector, key_type)
 
-    def connect(self, other: DataStream | KeyedStream) -> ConnectedStreams:
-        """This stream and ``other`` as the two inputs of one function (``key_by`` them next)."""
+    def connect(self, other: DataStream | KeyedStream | BroadcastStream
+                ) -> ConnectedStreams | BroadcastConnectedStream:
+        """This stream and ``other`` as the two inputs of one function (``key_by`` them next;
+        with a broadcast stream, ``process`` a BroadcastProcessFunction)."""
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self, other, None, None)
         return ConnectedStreams(self, _stream_of(other))
+
+    def broadcast(self, *broadcast_state_descriptors: MapStateDescriptor) -> BroadcastStream:
+        """This stream sent to every subtask of the function it is connected to, which keeps
+        the named broadcast states."""
+        return BroadcastStream(self, broadcast_state_descriptors)
 
 
 def _stream_of(stream: DataStream | KeyedStream) -> DataStream:
@@ -91,9 +102,13 @@ class KeyedStream:
         self._selector = key_selector
         self._key_type = key_type
 
-    def connect(self, other: DataStream | KeyedStream) -> ConnectedStreams:
+    def connect(self, other: DataStream | KeyedStream | BroadcastStream
+                ) -> ConnectedStreams | BroadcastConnectedStream:
         """This keyed stream and ``other`` connected; both keyed by their own selectors (this
-        one's, and ``other``'s when keyed)."""
+        one's, and ``other``'s when keyed); with a broadcast stream, ``process`` a
+        KeyedBroadcastProcessFunction."""
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self._upstream, other, self._selector, self._key_type)
         sel2 = other._selector if isinstance(other, KeyedStream) else None
         connected = ConnectedStreams(self._upstream, _stream_of(other))
         return connected if sel2 is None else connected.key_by(self._selector, sel2,

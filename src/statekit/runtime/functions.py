@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from statekit.backends.base import KeyedStateBackend
@@ -30,6 +30,10 @@ F = TypeVar("F", bound="Function")
 
 class RuntimeContext:
     """What a function sees of its running partition: its index, and keyed state by descriptor."""
+
+    #: the subtask's operator state (statekit's adapters reach it here; user functions through
+    #: ``CheckpointedFunction.initialize_state``, as in Flink)
+    operator_state: Any = None
 
     def __init__(self, backend: KeyedStateBackend, task_name: str, index: int,
                  parallelism: int, max_parallelism: int, attempt: int = 0,
@@ -188,13 +192,17 @@ class VectorizedKeyedFunction(Function, ABC):
         return None
 
 
-def open_function(function: F, runtime_context: RuntimeContext) -> F:
-    """A private copy of ``function``, opened with ``runtime_context``.
+def open_function(function: F, runtime_context: RuntimeContext,
+                  before_open: Callable[[F], None] | None = None) -> F:
+    """A private copy of ``function``, opened with ``runtime_context`` (``before_open`` runs on
+    the copy first: operator state's ``initialize_state``).
 
     Every partition (and every restore of one) runs its own instance, so the state handles its
     ``open`` creates point at that partition's backend and never at another's.
     """
     instance = copy.deepcopy(function)
+    if before_open is not None:
+        before_open(instance)
     instance.open(runtime_context)
     return instance
 

@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from statekit import config as cfg
 from statekit.backends.base import KeyedStateBackend
+from statekit.backends.operator import OperatorStateBackend, shares
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
-from statekit.checkpoint.schema import recorded_key_groups
+from statekit.checkpoint.schema import OPERATOR_STATE, recorded_key_groups
 from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.batch import MODE_KEY, check_batch_job, is_batch, process_bounded
+from statekit.runtime.broadcast import Route, Router
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
 from statekit.runtime.functions import OutputTag, side_output_of
 from statekit.runtime.operator import KeyedOperator
@@ -241,6 +243,9 @@ class LocalJob:
 
     def _create_tasks(self, restore: _RestorePoint | None, attempt: int) -> list[_Task]:
         tasks = []
+        operator_states = shares(restore.metadata.get(OPERATOR_STATE) if restore else None,
+                                 restore.reader if restore else None, self.parallelism)
+        restored_id = None if restore is None else int(restore.metadata.get("checkpoint_id", 0))
         for index in range(self.parallelism):
             rng = key_group_range_for_operator(self.max_parallelism, self.parallelism, index)
             backend = self.backend_factory.create_keyed_state_backend(
@@ -260,7 +265,9 @@ class LocalJob:
                 op = KeyedOperator(self.func, backend, task_name=name, index=index,
                                    max_parallelism=self.max_parallelism,
                                    parallelism=self.parallelism, attempt=attempt, clock=self.clock,
-                                   job_parameters={MODE_KEY: "BATCH" if self.batch else "STREAMING"})
+                                   job_parameters={MODE_KEY: "BATCH" if self.batch else "STREAMING"},
+                                   operator_state=OperatorStateBackend(operator_states[index]),
+                                   restored_checkpoint_id=restored_id)
             except StatekitError:
                 backend.dispose()
                 raise
@@ -297,6 +304,7 @@ class LocalJob:
         outputs = self.outputs
         checkpointing = self.checkpoint_config.is_checkpointing_enabled()
         records, source_time, clock = self.time.records(), self.time, self.clock
+        router = Router()
         next_processing = min(t.op.timers.next_processing for t in tasks)
         while position < len(source):
             try:
@@ -306,6 +314,9 @@ class LocalJob:
             for value, timestamp in produced_records:
                 try:
                     key = selector(value)
+                    if key.__class__ is Route:  # a broadcast element, or one without a key
+                        router.deliver(key, tasks, value, timestamp, outputs.open)
+                        continue
                     task = tasks[key_group_for_bytes(serialize(key), maxp) * p // maxp]
                     produced = task.op.process_element(key, value, timestamp)
                     if produced is not None:
@@ -366,8 +377,19 @@ class LocalJob:
         payload = self._payload(position)
         cid = coordinator.next_id
         self.outputs.barrier(cid)
-        coordinator.trigger({t.name: t.backend for t in tasks}, payload)
+        coordinator.trigger({t.name: t.backend for t in tasks}, payload,
+                            self._operator_snapshots(tasks, cid))
         return cid
+
+    def _operator_snapshots(self, tasks: list[_Task], checkpoint_id: int) -> list[bytes | None]:
+        """Every task's operator state now (``snapshot_state`` of the user's function first)."""
+        now = int(time.time() * 1000)
+        try:
+            return [task.op.snapshot_operator_state(checkpoint_id, now) for task in tasks]
+        except StatekitError:
+            raise
+        except Exception as exc:  # the user's snapshot_state failed
+            raise _UserFailure() from exc
 
     def _payload(self, position: int) -> dict[str, Any]:
         return {
@@ -410,14 +432,16 @@ class LocalJob:
                               getattr(self.storage, "storage_options", None),
                               getattr(self.storage, "retry", None))
         threshold = getattr(self.storage, "get_min_file_size_threshold", lambda: 20 * 1024)()
-        handles = {
-            task.name: task.backend.snapshot(
-                checkpoint_id, savepoint.streams(task.name, threshold), savepoint=True
-            ).run()
-            for task in tasks
-        }
+        operator = self._operator_snapshots(tasks, checkpoint_id)
+        handles, operator_handles = {}, []
+        for task, data in zip(tasks, operator, strict=True):
+            streams = savepoint.streams(task.name, threshold)
+            handles[task.name] = task.backend.snapshot(checkpoint_id, streams, savepoint=True).run()
+            operator_handles.append(None if data is None else OperatorStateBackend.write(data, streams))
         body = {**self._payload(position), "tasks": handles, "checkpoint_id": checkpoint_id,
                 "timestamp": int(time.time() * 1000)}
+        if any(h is not None for h in operator_handles):
+            body[OPERATOR_STATE] = operator_handles
         return savepoint.commit(body)
 
     def _result(self, coordinator: CheckpointCoordinator, attempt: int, savepoint: str | None

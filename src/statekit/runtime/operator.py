@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from statekit.backends.base import KeyedStateBackend
+from statekit.backends.base import NO_KEY, KeyedStateBackend
 from statekit.backends.bulk import BulkState
+from statekit.backends.operator import OperatorStateBackend
+from statekit.runtime.checkpointed import (
+    FunctionInitializationContext,
+    FunctionSnapshotContext,
+    checkpointed_part,
+    refuse_operator_state,
+)
 from statekit.runtime.functions import (
     Function,
     KeyedProcessFunction,
@@ -37,8 +44,14 @@ class KeyedOperator:
                  index: int, max_parallelism: int, parallelism: int = -1, attempt: int = 0,
                  job_parameters: Mapping[str, Any] | None = None,
                  clock: Callable[[], int] = wall_clock_ms, refusal: Refusal | None = None,
-                 open_now: bool = True) -> None:
+                 open_now: bool = True, operator_state: OperatorStateBackend | None = None,
+                 restored_checkpoint_id: int | None = None) -> None:
         self.backend = backend
+        if operator_state is None:  # an engine without operator state (Spark, the harness)
+            refuse_operator_state(function, "this engine")
+        #: the subtask's operator state (restored by the engine, or empty)
+        self.operator_state = operator_state or OperatorStateBackend()
+        self.restored_checkpoint_id = restored_checkpoint_id
         self.vectorized = isinstance(function, VectorizedKeyedFunction)
         if self.vectorized and type(function).on_timers is VectorizedKeyedFunction.on_timers:
             refusal = _without_timers(type(function).__name__)
@@ -50,6 +63,7 @@ class KeyedOperator:
         self._template = function
         self.runtime_context = RuntimeContext(backend, task_name, index, parallelism,
                                               max_parallelism, attempt, dict(job_parameters or {}))
+        self.runtime_context.operator_state = self.operator_state
         self.function: Any = None
         self.closed = False
         if open_now:
@@ -57,7 +71,22 @@ class KeyedOperator:
 
     def open(self) -> None:
         """A private copy of the user's function, opened (``open()`` runs once per operator)."""
-        self.function = open_function(self._template, self.runtime_context)
+        self.function = open_function(self._template, self.runtime_context, self._initialize)
+
+    def _initialize(self, function: Function) -> None:
+        """``initialize_state`` of a CheckpointedFunction, before its ``open`` (Flink's order)."""
+        part = checkpointed_part(function)
+        if part is not None:
+            part.initialize_state(FunctionInitializationContext(
+                self.operator_state, self.runtime_context, self.restored_checkpoint_id))
+
+    def snapshot_operator_state(self, checkpoint_id: int, timestamp: int) -> bytes | None:
+        """``snapshot_state`` of a CheckpointedFunction, then the operator state's snapshot
+        (None: there is none), taken now."""
+        part = checkpointed_part(self.function)
+        if part is not None:
+            part.snapshot_state(FunctionSnapshotContext(checkpoint_id, timestamp))
+        return self.operator_state.snapshot()
 
     def close(self) -> None:
         """Close the function once (also after a failure); later calls do nothing."""
@@ -74,6 +103,19 @@ class KeyedOperator:
         ctx = self.ctx
         ctx._timestamp = timestamp
         return self.function.process_element(value, ctx)  # type: ignore[no-any-return]
+
+    def process_unkeyed(self, value: Any, timestamp: int | None = None) -> Iterable[Any] | None:
+        """Run ``process_element`` for an element without a key (a non-keyed input)."""
+        ctx = self.ctx
+        ctx._timestamp = timestamp
+        return self.function.process_element(value, ctx)  # type: ignore[no-any-return]
+
+    def process_broadcast(self, value: Any, timestamp: int | None = None) -> Iterable[Any] | None:
+        """Run the broadcast side of a broadcast function (no current key is set)."""
+        self.backend.set_current_key(NO_KEY)
+        ctx = self.ctx
+        ctx._timestamp = timestamp
+        return self.function.process_broadcast(value, ctx)  # type: ignore[no-any-return]
 
     def process_key_rows(self, key: Any, rows: Iterable[Any],
                          timestamp_of: Callable[[Any], int | None] | None = None) -> list[Any]:

@@ -26,9 +26,15 @@ from statekit.backends.transfer import restore_into
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.savepoint import open_external
+from statekit.checkpoint.schema import OPERATOR_STATE
 from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
 from statekit.config import default
-from statekit.errors import CheckpointNotFoundError, MissingStateError, StatekitError
+from statekit.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    MissingStateError,
+    StatekitError,
+)
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import TypeSerializer
 
@@ -167,6 +173,11 @@ def external_sources(path: str, operator_id: str,
         names = {key.split("/", 1)[0] for key in store.list()}
     if "p00000" not in names:
         meta, reader = open_external(root, storage_options)
+        if meta.get(OPERATOR_STATE):  # never dropped silently (Flink: --allowNonRestoredState)
+            raise ConfigError("execution.savepoint.path", f"{path} holds operator state "
+                              "(CheckpointedFunction, broadcast state), which runs on the local "
+                              "runner only: convert it without (convert_savepoint(..., "
+                              "keep_operator_state=False)) to restore its keyed state here")
         return [(handle, reader) for handle in meta.get("tasks", {}).values()]
     first = CheckpointStorageAccess(blob_store_for(f"{root}/p00000", storage_options),
                                     f"{root}/p00000", 0)

@@ -20,6 +20,7 @@ from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
 from statekit.errors import ConfigError, StatekitError
+from statekit.runtime.checkpointed import refuse_operator_state
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
 from statekit.spark import reporting, stopping
@@ -144,6 +145,7 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
     if not isinstance(function, Function):
         raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
                         f"got {type(function).__name__}")
+    refuse_operator_state(function, "a Spark adapter")
     stopping.install()
     reporting.install()
     schema = _struct(spark, output_schema)

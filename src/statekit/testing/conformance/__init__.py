@@ -3,8 +3,8 @@ interface, like zarr's ``StoreTests``.
 
 :class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
 (a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
-reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state), and
-Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
+reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state),
+:class:`OperatorStateConformance` (operator and broadcast state), and Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
 semantics), :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency) and
 :class:`KeyEnumerationConformance` (counting and enumerating keys, namespaces required); and
 PyFlink's ``test_data_stream.py`` keyed and connected cases: :class:`DataStreamConformance`,
@@ -25,6 +25,7 @@ from statekit.testing.conformance.connected import ConnectedStreamConformance
 from statekit.testing.conformance.datastream import DataStreamConformance
 from statekit.testing.conformance.keys import KeyEnumerationConformance
 from statekit.testing.conformance.namespaces import NamespaceConformance
+from statekit.testing.conformance.operator import OperatorStateConformance
 from statekit.testing.conformance.snapshots import SnapshotConformance
 from statekit.testing.conformance.statekinds import StateKindConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
@@ -44,6 +45,7 @@ __all__ = [
     "KeyEnumerationConformance",
     "ManualClock",
     "NamespaceConformance",
+    "OperatorStateConformance",
     "SnapshotConformance",
     "StateKindConformance",
     "StorageConformance",
