@@ -2,10 +2,11 @@
 interface, like zarr's ``StoreTests``.
 
 :class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
-(a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
-reads and writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state),
-:class:`OperatorStateConformance` (operator and broadcast state), and Flink's ``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's
-semantics), :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency) and
+(a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw reads and
+writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state),
+:class:`OperatorStateConformance` (operator and broadcast state), and Flink's
+``StateBackendTestBase`` ported: :class:`StateKindConformance` (each state kind's semantics),
+:class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency) and
 :class:`KeyEnumerationConformance` (counting and enumerating keys, namespaces required); and
 PyFlink's ``test_data_stream.py`` keyed and connected cases: :class:`DataStreamConformance`,
 :class:`ConnectedStreamConformance`.
