@@ -8,7 +8,7 @@ for streams with sinks) runs it as a :class:`~statekit.runtime.job.LocalJob`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statekit.errors import ConfigTypeError
 from statekit.runtime.aggregations import Accumulate, FilterAdapter, ReduceAdapter, accumulator
@@ -26,6 +26,10 @@ from statekit.runtime.job import CollectResult, LocalJob
 from statekit.runtime.watermarks import SourceTime, WatermarkStrategy
 from statekit.serde.types import TypeInformation
 from statekit.state.api import ReduceFunction
+
+if TYPE_CHECKING:
+    from statekit.runtime.windows.assigners import WindowAssigner
+    from statekit.runtime.windows.stream import WindowedStream
 
 
 class DataStream:
@@ -107,6 +111,13 @@ class KeyedStream:
 
     def map(self, func: MapFunction | Callable[[Any], Any]) -> ProcessedStream:
         return ProcessedStream(self, _MapAdapter(func))
+
+    def window(self, window_assigner: WindowAssigner) -> WindowedStream:
+        """The stream cut into the windows of ``window_assigner`` (a
+        :class:`~statekit.runtime.windows.WindowedStream`; see ``docs/windows.md``)."""
+        from statekit.runtime.windows.stream import WindowedStream
+
+        return WindowedStream(self, window_assigner)
 
     def flat_map(self, func: FlatMapFunction | Callable[[Any], Iterable[Any]]) -> ProcessedStream:
         return ProcessedStream(self, _FlatMapAdapter(func))
