@@ -131,7 +131,7 @@ class WindowAssigner(ABC):
         """The serializer of the windows' namespace: ``(start, end)`` as two longs."""
         from statekit.serde.types import Types
 
-        return Types.TUPLE([Types.LONG(), Types.LONG()])
+        return Types.TUPLE([Types.LONG(), Types.LONG()]).get_serializer()
 
 
 class MergingWindowAssigner(WindowAssigner):
