@@ -119,6 +119,16 @@ class KeyedStream:
 
         return WindowedStream(self, window_assigner)
 
+    def count_window(self, size: int, slide: int = 0) -> WindowedStream:
+        """Windows of ``size`` elements of a key, tumbling (``slide`` 0) or sliding."""
+        from statekit.runtime.windows.assigners import (
+            CountSlidingWindowAssigner,
+            CountTumblingWindowAssigner,
+        )
+
+        return self.window(CountTumblingWindowAssigner(size) if slide == 0
+                           else CountSlidingWindowAssigner(size, slide))
+
     def flat_map(self, func: FlatMapFunction | Callable[[Any], Iterable[Any]]) -> ProcessedStream:
         return ProcessedStream(self, _FlatMapAdapter(func))
 

@@ -3,6 +3,9 @@ allowed lateness, late-data side outputs and window functions (see ``docs/window
 
 from statekit.durations import Time
 from statekit.runtime.windows.assigners import (
+    CountSlidingWindowAssigner,
+    CountTumblingWindowAssigner,
+    CountWindow,
     DynamicEventTimeSessionWindows,
     DynamicProcessingTimeSessionWindows,
     EventTimeSessionWindows,
@@ -35,7 +38,10 @@ from statekit.runtime.windows.triggers import (
 )
 
 __all__ = [
+    "CountSlidingWindowAssigner",
     "CountTrigger",
+    "CountTumblingWindowAssigner",
+    "CountWindow",
     "DynamicEventTimeSessionWindows",
     "DynamicProcessingTimeSessionWindows",
     "EventTimeSessionWindows",

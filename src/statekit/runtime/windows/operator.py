@@ -16,16 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from statekit.backends.timers import MAX_TIMESTAMP, MIN_TIMESTAMP
+from statekit.backends.timers import MAX_TIMESTAMP
 from statekit.errors import StateError
 from statekit.runtime.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from statekit.runtime.timers import TimeDomain, TimerService
-from statekit.runtime.windows.assigners import (
-    GlobalWindow,
-    MergingWindowAssigner,
-    TimeWindow,
-    WindowAssigner,
-)
+from statekit.runtime.windows.assigners import MergingWindowAssigner, WindowAssigner
 from statekit.runtime.windows.functions import (
     InternalWindowFunction,
     KeyedStateStore,
@@ -40,11 +35,6 @@ from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, 
 #: the keyed map states from a timer's timestamp to the windows waiting on it
 TIMER_INDEX = {TimeDomain.EVENT_TIME: "window-timers/event",
                TimeDomain.PROCESSING_TIME: "window-timers/processing"}
-
-
-def _window_of(start: int, end: int) -> Any:
-    return GlobalWindow() if (start, end) == (MIN_TIMESTAMP, MAX_TIMESTAMP) else TimeWindow(start,
-                                                                                            end)
 
 
 class WindowOperator(KeyedProcessFunction):
@@ -68,10 +58,11 @@ class WindowOperator(KeyedProcessFunction):
     def open(self, runtime_context: RuntimeContext) -> None:
         backend = runtime_context._backend
         self.backend = backend
+        self.runtime_context = runtime_context
         self.namespace_type = self.assigner.get_window_serializer()
         self.namespaced: dict[str, State] = {}
         self.contents: Any = self.namespaced_state(self.contents_descriptor)
-        index_type = Types.LIST(Types.TUPLE([Types.LONG(), Types.LONG()]))
+        index_type = Types.LIST(self.assigner.get_window_type())
         self.index = {domain: backend.get_partitioned_state(
             MapStateDescriptor(name, Types.LONG(), index_type))
             for domain, name in TIMER_INDEX.items()}
@@ -174,8 +165,8 @@ class WindowOperator(KeyedProcessFunction):
                 index.remove(timestamp)
             else:
                 index.put(timestamp, windows[1:])
-            start, end = windows[0]
-            self._on_time(_window_of(start, end), timestamp, domain, ctx.get_current_key(), out)
+            window = self.assigner.window_of(windows[0])
+            self._on_time(window, timestamp, domain, ctx.get_current_key(), out)
 
     def _on_time(self, window: Any, timestamp: int, domain: TimeDomain, key: Any,
                  out: list[Any]) -> None:
@@ -213,7 +204,7 @@ class WindowOperator(KeyedProcessFunction):
     def register(self, domain: TimeDomain, window: Any, timestamp: int) -> None:
         """A timer for ``window`` at ``timestamp`` (one per key, window, time and domain)."""
         index = self.index[domain]
-        entry = (window[0], window[1])
+        entry = tuple(window)
         windows = index.get(timestamp)
         if windows is None:
             index.put(timestamp, [entry])
@@ -232,7 +223,7 @@ class WindowOperator(KeyedProcessFunction):
         """Delete ``window``'s timer at ``timestamp`` (nothing happens when there is none)."""
         index = self.index[domain]
         windows = index.get(timestamp)
-        entry = (window[0], window[1])
+        entry = tuple(window)
         if not windows or entry not in windows:
             return
         rest = [w for w in windows if w != entry]
@@ -295,6 +286,10 @@ class WindowContext(Trigger.OnMergeContext, ProcessWindowFunction.Context,
     def window(self) -> Any:
         """The window being evaluated (PyFlink's ``context.window()``)."""
         return self.current
+
+    def get_runtime_context(self) -> RuntimeContext:
+        """The operator's runtime context (count window assigners keep their count there)."""
+        return self.operator.runtime_context
 
     def _service(self) -> TimerService:
         if self.timers is None:
