@@ -35,6 +35,8 @@ from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, 
 #: the keyed map states from a timer's timestamp to the windows waiting on it
 TIMER_INDEX = {TimeDomain.EVENT_TIME: "window-timers/event",
                TimeDomain.PROCESSING_TIME: "window-timers/processing"}
+#: how many registered timers the operator remembers (then it forgets them all and reads again)
+KNOWN_TIMERS = 1 << 16
 
 
 class WindowOperator(KeyedProcessFunction):
@@ -69,6 +71,10 @@ class WindowOperator(KeyedProcessFunction):
         self.merging_state = (backend.get_partitioned_state(merging_set_descriptor())
                               if self.merging else None)
         self.ctx = WindowContext(self)
+        # timers known to be in the index, so that the trigger's and the cleanup's registration
+        # of an open window (on every element) read no state; only register/delete/on_timer
+        # change the index, and they keep this a subset of it
+        self.known: dict[tuple[Any, ...], None] = {}
         self.function.open(runtime_context)
 
     def close(self) -> None:
@@ -165,8 +171,9 @@ class WindowOperator(KeyedProcessFunction):
                 index.remove(timestamp)
             else:
                 index.put(timestamp, windows[1:])
-            window = self.assigner.window_of(windows[0])
-            self._on_time(window, timestamp, domain, ctx.get_current_key(), out)
+            key = ctx.get_current_key()
+            self.known.pop((key, domain, timestamp, tuple(windows[0])), None)
+            self._on_time(self.assigner.window_of(windows[0]), timestamp, domain, key, out)
 
     def _on_time(self, window: Any, timestamp: int, domain: TimeDomain, key: Any,
                  out: list[Any]) -> None:
@@ -203,8 +210,14 @@ class WindowOperator(KeyedProcessFunction):
 
     def register(self, domain: TimeDomain, window: Any, timestamp: int) -> None:
         """A timer for ``window`` at ``timestamp`` (one per key, window, time and domain)."""
-        index = self.index[domain]
         entry = tuple(window)
+        known = (self.backend.get_current_key(), domain, timestamp, entry)
+        if known in self.known:
+            return
+        if len(self.known) >= KNOWN_TIMERS:
+            self.known.clear()
+        self.known[known] = None
+        index = self.index[domain]
         windows = index.get(timestamp)
         if windows is None:
             index.put(timestamp, [entry])
@@ -224,6 +237,7 @@ class WindowOperator(KeyedProcessFunction):
         index = self.index[domain]
         windows = index.get(timestamp)
         entry = tuple(window)
+        self.known.pop((self.backend.get_current_key(), domain, timestamp, entry), None)
         if not windows or entry not in windows:
             return
         rest = [w for w in windows if w != entry]
