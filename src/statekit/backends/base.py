@@ -32,6 +32,7 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
     write_kv_state,
     write_plain_entry,
 )
+from statekit.backends.namespaces import NamespacedStates
 from statekit.config import Configurable
 from statekit.errors import (
     NoKeyContextError,
@@ -43,7 +44,12 @@ from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.keys import as_key_serializer
 from statekit.serde.keytypes import KeyCheck, RestoreCheck, restore_key_check
 from statekit.serde.serializers import ListSerializer, MapSerializer, TypeSerializer
-from statekit.state.api import State, ValueBackedAggregatingState, ValueBackedReducingState
+from statekit.state.api import (
+    MapState,
+    State,
+    ValueBackedAggregatingState,
+    ValueBackedReducingState,
+)
 from statekit.state.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -146,7 +152,7 @@ class StateBackend(Configurable, ABC):
         """A fresh, empty keyed backend for one partition."""
 
 
-class KeyedStateBackend(ABC):
+class KeyedStateBackend(NamespacedStates, ABC):
     """Working state of one partition: the current key, the registered states, snapshot/restore."""
 
     backend_name = "custom"
@@ -174,6 +180,8 @@ class KeyedStateBackend(ABC):
         #: wraps each timer queue when it is created, as ``state_interceptor`` wraps states
         self.timer_interceptor: Callable[[TimerQueue], TimerQueue] | None = None
         self._states: dict[str, tuple[StateDescriptor, State]] = {}
+        #: namespaced states: name -> (carrier map state, namespaced view, carrier layout)
+        self._namespaced: dict[str, tuple[MapState, State, list[Any]]] = {}
         self._restored_layouts: dict[str, list[Any]] = {}
 
     #: size limits in serialized bytes (see :mod:`statekit.state.limits`); lower them with
@@ -210,41 +218,6 @@ class KeyedStateBackend(ABC):
             "used outside a keyed context (no current key is set)", state_name
         )
 
-    # --- key enumeration (Flink's getKeys / getKeysAndNamespaces / applyToAllKeys) ----------------
-
-    def get_keys(self, state: str, namespace: Any = None) -> Iterator[Any]:
-        """The keys of this partition holding ``state`` (none for a state never written or
-        restored).  On the heap backend, adding or removing a key of that state while the
-        iteration runs is a :class:`ConcurrentModificationError` (Flink's rule); RocksDB iterates
-        a consistent view.  ``namespace`` is None: statekit's keyed state has no namespaces."""
-        _check_namespace(namespace)
-        return self._keys_of(state)
-
-    def get_keys_and_namespaces(self, state: str) -> Iterator[tuple[Any, Any]]:
-        """(key, namespace) of every key holding ``state``; the namespace is always None."""
-        return ((key, None) for key in self._keys_of(state))
-
-    def apply_to_all_keys(self, namespace: Any, descriptor: StateDescriptor,
-                          function: Callable[[Any, State], None]) -> None:
-        """Call ``function(key, state)`` with each key holding the state as the current key.
-        The keys are taken when the call starts (as Flink's heap backend does), so ``function``
-        may change or clear the state; the current key is restored afterwards."""
-        _check_namespace(namespace)
-        keys = list(self._keys_of(descriptor.name))
-        state = self.get_partitioned_state(descriptor)
-        previous = self.current_key
-        try:
-            for key in keys:
-                self.set_current_key(key)
-                function(key, state)
-        finally:
-            if previous is not NO_KEY:
-                self.set_current_key(previous)
-
-    def _keys_of(self, state: str) -> Iterator[Any]:
-        """The keys holding ``state``; each backend enumerates its own storage."""
-        raise NotImplementedError(f"{type(self).__name__} cannot enumerate its keys")
-
     # --- state registration ------------------------------------------------------------------------
 
     def get_partitioned_state(self, descriptor: StateDescriptor) -> State:
@@ -252,6 +225,9 @@ class KeyedStateBackend(ABC):
         registered = self._states.get(descriptor.name)
         if registered is not None:
             previous, state = registered
+            if descriptor.name in self._namespaced:
+                raise StateNameClashError("already registered as a namespaced state "
+                                          "(get_namespaced_state)", descriptor.name)
             if previous.kind != descriptor.kind or previous.layout() != descriptor.layout():
                 raise StateNameClashError(
                     f"already registered as a {previous.kind.value} state with another type",
@@ -259,28 +235,32 @@ class KeyedStateBackend(ABC):
                 )
             return state
         check_state_name(descriptor.name)
-        self._check_restored_layout(descriptor)
+        self._check_restored_layout(descriptor.name, descriptor.layout())
         meta = self.state_meta(descriptor)
-        raw = limit_state(self._create_state(meta), meta, self)
-        if self.state_interceptor is not None:
-            raw = self.state_interceptor(meta, raw)
-        state = self._wrap(descriptor, raw, meta)
+        state = self._wrap(descriptor, self._raw_state(meta), meta)
         self._states[descriptor.name] = (descriptor, state)
         return state
 
-    def _check_restored_layout(self, descriptor: StateDescriptor) -> None:
-        restored = self._restored_layouts.get(descriptor.name)
-        if restored is None or restored == descriptor.layout():
+    def _raw_state(self, meta: StateMeta) -> State:
+        """The backend's state for ``meta``, size-limited and intercepted."""
+        raw = limit_state(self._create_state(meta), meta, self)
+        if self.state_interceptor is not None:
+            raw = self.state_interceptor(meta, raw)
+        return raw
+
+    def _check_restored_layout(self, name: str, layout: list[Any]) -> None:
+        restored = self._restored_layouts.get(name)
+        if restored is None or restored == layout:
             return
-        if "pickle" in repr(restored) and "pickle" not in repr(descriptor.layout()):
+        if "pickle" in repr(restored) and "pickle" not in repr(layout):
             raise PickleNotAllowedError(
-                f"state '{descriptor.name}' was checkpointed with pickle, but its descriptor "
+                f"state '{name}' was checkpointed with pickle, but its descriptor "
                 "does not opt into Types.PICKLED_BYTE_ARRAY()"
             )
         raise StateNameClashError(
             f"incompatible with the restored checkpoint (checkpoint layout {restored}, "
-            f"descriptor layout {descriptor.layout()})",
-            descriptor.name,
+            f"descriptor layout {layout})",
+            name,
         )
 
     def state_meta(self, descriptor: StateDescriptor) -> StateMeta:
@@ -364,12 +344,6 @@ class KeyedStateBackend(ABC):
 
     def dispose(self) -> None:
         """Release resources (files, handles, threads)."""
-
-
-def _check_namespace(namespace: Any) -> None:
-    if namespace is not None:
-        raise StateError(f"namespace {namespace!r}: statekit's keyed state has no namespaces "
-                         "(pass None, Flink's VoidNamespace)")
 
 
 @contextmanager

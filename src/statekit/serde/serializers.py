@@ -201,7 +201,8 @@ class ListSerializer(TypeSerializer):
 
 
 class MapSerializer(TypeSerializer):
-    """A dict; plain form is a list of [key, value] pairs so any hashable key survives."""
+    """A dict; plain form is a list of [key, value] pairs so any hashable key survives.  A value
+    may be None (Flink's map serializer allows null values, as map state does)."""
 
     immutable = False
     identity = False
@@ -212,17 +213,17 @@ class MapSerializer(TypeSerializer):
 
     def to_plain(self, value: Any) -> Any:
         kp, vp = self.key.to_plain, self.value.to_plain
-        return [[kp(k), vp(v)] for k, v in value.items()]
+        return [[kp(k), None if v is None else vp(v)] for k, v in value.items()]
 
     def from_plain(self, plain: Any) -> Any:
         kf, vf = self.key.from_plain, self.value.from_plain
-        return {kf(k): vf(v) for k, v in plain}
+        return {kf(k): None if v is None else vf(v) for k, v in plain}
 
     def check(self, value: Any) -> str | None:
         if not isinstance(value, dict):
             return f"expected a dict, got {type(value).__name__}"
         for k, v in value.items():
-            problem = self.key.check(k) or self.value.check(v)
+            problem = self.key.check(k) or (None if v is None else self.value.check(v))
             if problem:
                 return f"entry {k!r}: {problem}"
         return None

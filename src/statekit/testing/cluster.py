@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, StateBackend
+from statekit.backends.transfer import restore_into
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.serde.keygroups import (
     DEFAULT_MAX_PARALLELISM,
@@ -64,8 +65,9 @@ class KeyedCluster:
             wanted = [h for h in handles.values()
                       if len(KeyGroupRange.of(h["key_group_range"]).intersection(rng))]
             try:
-                if wanted:
-                    backend.restore(wanted, self.access.reader())
+                if wanted:  # any snapshot into any backend (a backend flip included)
+                    reader = self.access.reader()
+                    restore_into(backend, [(handle, reader) for handle in wanted])
             except BaseException:
                 backend.dispose()
                 self.close()

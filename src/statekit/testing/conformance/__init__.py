@@ -2,8 +2,8 @@
 interface, like zarr's ``StoreTests``.
 
 :class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
-(a checkpoint storage) and :class:`BlobStoreConformance` (a blob store, checked against raw
-reads and writes that bypass its API).
+(a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw
+reads and writes that bypass its API) and :class:`NamespaceConformance` (namespaced keyed state).
 """
 
 from statekit.testing.conformance.backend import (
@@ -16,6 +16,7 @@ from statekit.testing.conformance.backend import (
     ManualClock,
 )
 from statekit.testing.conformance.blobstore import UNSAFE_KEYS, BlobStoreConformance
+from statekit.testing.conformance.namespaces import NamespaceConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "BackendConformance",
     "BlobStoreConformance",
     "ManualClock",
+    "NamespaceConformance",
     "StorageConformance",
     "make_storage",
 ]
