@@ -121,7 +121,7 @@ def raw_sessions(events: list[tuple[int, int, int]]) -> list[Any]:
 
 
 def runner(events: list[tuple[int, int, int]], backend: str, kind: str, directory: Any) -> list[Any]:
-    from statekit import StreamExecutionEnvironment
+    from statekit import StreamExecutionEnvironment, Types
     from statekit.durations import Duration
     from statekit.runtime.watermarks import WatermarkStrategy
     from statekit.runtime.windows import EventTimeSessionWindows, TumblingEventTimeWindows
@@ -134,7 +134,8 @@ def runner(events: list[tuple[int, int, int]], backend: str, kind: str, director
     assigner = (TumblingEventTimeWindows.of(SIZE_MS) if kind == "tumbling"
                 else EventTimeSessionWindows.with_gap(GAP_MS))
     return list(env.from_collection(events).assign_timestamps_and_watermarks(strategy)
-                .key_by(lambda event: event[0]).window(assigner).reduce(reduce_sum)
+                .key_by(lambda event: event[0]).window(assigner)
+                .reduce(reduce_sum, output_type=Types.TUPLE([Types.LONG()] * 3))
                 .execute_and_collect("window bench"))
 
 

@@ -146,7 +146,7 @@ def test_event_time_dynamic_gap_session_window(env):
 
 def test_window_reduce_passthrough(env):
     out = keyed(env, AB).window(EventTimeSessionWindows.with_gap(Time.milliseconds(2))).reduce(
-        lambda a, b: (b[0], a[1] + b[1]))
+        lambda a, b: (b[0], a[1] + b[1]), output_type=Types.TUPLE([Types.STRING(), Types.INT()]))
     assert run(out) == [("a", 3), ("a", 6), ("a", 15), ("b", 3), ("b", 17)]
 
 

@@ -84,10 +84,12 @@ class WindowedStream:
                window_function: ProcessWindowFunction | WindowFunction | None = None,
                output_type: TypeInformation | None = None) -> ProcessedStream:
         """Each window reduced incrementally (a reducing state per window); its result, or the
-        window function's outputs for it."""
+        window function's outputs for it.  Without a window function, ``output_type`` (the
+        reduced value's type) is the type the window contents are stored with."""
         if not isinstance(reduce_function, ReduceFunction) and not callable(reduce_function):
             raise ConfigTypeError("reduce_function", "expected a ReduceFunction or a callable")
-        descriptor = ReducingStateDescriptor(WINDOW_CONTENTS, reduce_function)
+        descriptor = ReducingStateDescriptor(WINDOW_CONTENTS, reduce_function,
+                                             output_type if window_function is None else None)
         return self._run(descriptor, SingleValueWindowFunction(
             check_window_function(window_function, allow_none=True)))
 
