@@ -35,6 +35,7 @@ from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, 
 #: the keyed map states from a timer's timestamp to the windows waiting on it
 TIMER_INDEX = {TimeDomain.EVENT_TIME: "window-timers/event",
                TimeDomain.PROCESSING_TIME: "window-timers/processing"}
+EVENT = TimeDomain.EVENT_TIME
 #: how many registered timers the operator remembers (then it forgets them all and reads again)
 KNOWN_TIMERS = 1 << 16
 
@@ -68,6 +69,7 @@ class WindowOperator(KeyedProcessFunction):
         self.index = {domain: backend.get_partitioned_state(
             MapStateDescriptor(name, Types.LONG(), index_type))
             for domain, name in TIMER_INDEX.items()}
+        self.event_index = self.index[TimeDomain.EVENT_TIME]
         self.merging_state = (backend.get_partitioned_state(merging_set_descriptor())
                               if self.merging else None)
         self.ctx = WindowContext(self)
@@ -172,7 +174,7 @@ class WindowOperator(KeyedProcessFunction):
             else:
                 index.put(timestamp, windows[1:])
             key = ctx.get_current_key()
-            self.known.pop((key, domain, timestamp, tuple(windows[0])), None)
+            self.known.pop((key, domain is EVENT, timestamp, windows[0]), None)
             self._on_time(self.assigner.window_of(windows[0]), timestamp, domain, key, out)
 
     def _on_time(self, window: Any, timestamp: int, domain: TimeDomain, key: Any,
@@ -210,14 +212,15 @@ class WindowOperator(KeyedProcessFunction):
 
     def register(self, domain: TimeDomain, window: Any, timestamp: int) -> None:
         """A timer for ``window`` at ``timestamp`` (one per key, window, time and domain)."""
-        entry = tuple(window)
-        known = (self.backend.get_current_key(), domain, timestamp, entry)
+        event = domain is EVENT
+        known = (self.backend.get_current_key(), event, timestamp, window)
         if known in self.known:
             return
         if len(self.known) >= KNOWN_TIMERS:
             self.known.clear()
         self.known[known] = None
-        index = self.index[domain]
+        entry = tuple(window)
+        index = self.event_index if event else self.index[domain]
         windows = index.get(timestamp)
         if windows is None:
             index.put(timestamp, [entry])
@@ -227,7 +230,7 @@ class WindowOperator(KeyedProcessFunction):
             index.put(timestamp, [*windows, entry])
             return
         timers = self.ctx.timers
-        if domain is TimeDomain.EVENT_TIME:
+        if event:
             timers.register_event_time_timer(timestamp)
         else:
             timers.register_processing_time_timer(timestamp)
@@ -237,7 +240,7 @@ class WindowOperator(KeyedProcessFunction):
         index = self.index[domain]
         windows = index.get(timestamp)
         entry = tuple(window)
-        self.known.pop((self.backend.get_current_key(), domain, timestamp, entry), None)
+        self.known.pop((self.backend.get_current_key(), domain is EVENT, timestamp, entry), None)
         if not windows or entry not in windows:
             return
         rest = [w for w in windows if w != entry]
