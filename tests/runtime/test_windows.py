@@ -25,6 +25,7 @@ from statekit.runtime.windows import (
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
     WindowFunction,
+    Windows,
 )
 from statekit.testing import KeyedOneInputStreamOperatorTestHarness
 from tests.runtime.envs import env_for
@@ -277,11 +278,9 @@ def test_apply_and_errors(tmp_path):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_processing_time_windows_driven_by_the_harness_clock(tmp_path, backend):
-    env = env_for(tmp_path)
-    tumbling = env.from_collection([]).key_by(lambda e: e[0]).window(
-        TumblingProcessingTimeWindows.of(Time.seconds(1))).process(Summary())
-    harness = KeyedOneInputStreamOperatorTestHarness(tumbling._func, lambda e: e[0],
+def test_processing_time_windows_driven_by_the_harness_clock(backend):
+    tumbling = Windows.of(TumblingProcessingTimeWindows.of(Time.seconds(1))).process(Summary())
+    harness = KeyedOneInputStreamOperatorTestHarness(tumbling, lambda e: e[0],
                                                      backend=backend, processing_time=100)
     with harness:
         harness.open()
@@ -298,7 +297,7 @@ def test_processing_time_windows_driven_by_the_harness_clock(tmp_path, backend):
         harness.set_processing_time(1500)
         harness.process_element(("a", 0, 5))
         snapshot = harness.snapshot()
-    restored = KeyedOneInputStreamOperatorTestHarness(tumbling._func, lambda e: e[0],
+    restored = KeyedOneInputStreamOperatorTestHarness(tumbling, lambda e: e[0],
                                                       backend=backend)
     with restored:
         restored.initialize_state(snapshot)
@@ -308,11 +307,9 @@ def test_processing_time_windows_driven_by_the_harness_clock(tmp_path, backend):
         assert restored.num_processing_time_timers() == 0
 
 
-def test_processing_time_sessions_driven_by_the_harness_clock(tmp_path):
-    env = env_for(tmp_path)
-    sessions = env.from_collection([]).key_by(lambda e: e[0]).window(
-        ProcessingTimeSessionWindows.with_gap(100)).process(Summary())
-    with KeyedOneInputStreamOperatorTestHarness(sessions._func, lambda e: e[0]) as harness:
+def test_processing_time_sessions_driven_by_the_harness_clock():
+    sessions = Windows.of(ProcessingTimeSessionWindows.with_gap(100)).process(Summary())
+    with KeyedOneInputStreamOperatorTestHarness(sessions, lambda e: e[0]) as harness:
         harness.open()
         for now in (0, 50, 140):
             harness.set_processing_time(now)
@@ -324,3 +321,18 @@ def test_processing_time_sessions_driven_by_the_harness_clock(tmp_path):
         harness.set_processing_time(500)
         assert harness.extract_output_values()[-1] == ("a", 400, 500, 1, 1)
         assert harness.num_processing_time_timers() == 0
+
+
+def test_windows_as_a_keyed_function_give_the_windowed_streams_results(tmp_path):
+    """``Windows.of(...)`` builds the same operator as ``KeyedStream.window(...)``, as a keyed
+    function for ``process`` (and for the engines that take one)."""
+    evs = events(300)
+    operator = (Windows.of(SlidingEventTimeWindows.of(60, 20)).allowed_lateness(15)
+                .side_output_late_data(LATE).process(Summary()))
+    by_function = (env_for(tmp_path / "f").from_collection(evs)
+                   .assign_timestamps_and_watermarks(strategy()).key_by(lambda e: e[0])
+                   .process(operator).execute_and_collect())
+    by_stream = windowed(env_for(tmp_path / "s"), evs, SlidingEventTimeWindows.of(60, 20), 15
+                         ).execute_and_collect()
+    assert sorted(by_function) == sorted(by_stream)
+    assert by_function.get_side_output(LATE) == by_stream.get_side_output(LATE)

@@ -26,7 +26,7 @@ from statekit.runtime.windows.functions import (
     ProcessWindowFunction,
     WindowFunction,
 )
-from statekit.runtime.windows.stream import WindowedStream
+from statekit.runtime.windows.stream import WindowedStream, Windows
 from statekit.runtime.windows.triggers import (
     CountTrigger,
     EventTimeTrigger,
@@ -67,4 +67,5 @@ __all__ = [
     "WindowAssigner",
     "WindowFunction",
     "WindowedStream",
+    "Windows",
 ]
