@@ -121,7 +121,7 @@ class KeyedStream:
 
     def count_window(self, size: int, slide: int = 0) -> WindowedStream:
         """Windows of ``size`` elements of a key, tumbling (``slide`` 0) or sliding."""
-        from statekit.runtime.windows.assigners import (
+        from statekit.runtime.windows.counting import (
             CountSlidingWindowAssigner,
             CountTumblingWindowAssigner,
         )

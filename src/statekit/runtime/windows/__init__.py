@@ -3,9 +3,6 @@ allowed lateness, late-data side outputs and window functions (see ``docs/window
 
 from statekit.durations import Time
 from statekit.runtime.windows.assigners import (
-    CountSlidingWindowAssigner,
-    CountTumblingWindowAssigner,
-    CountWindow,
     DynamicEventTimeSessionWindows,
     DynamicProcessingTimeSessionWindows,
     EventTimeSessionWindows,
@@ -20,6 +17,11 @@ from statekit.runtime.windows.assigners import (
     TumblingProcessingTimeWindows,
     Window,
     WindowAssigner,
+)
+from statekit.runtime.windows.counting import (
+    CountSlidingWindowAssigner,
+    CountTumblingWindowAssigner,
+    CountWindow,
 )
 from statekit.runtime.windows.functions import (
     KeyedStateStore,

@@ -65,6 +65,7 @@ class WindowOperator(KeyedProcessFunction):
         self.namespace_type = self.assigner.get_window_serializer()
         self.namespaced: dict[str, State] = {}
         self.contents: Any = self.namespaced_state(self.contents_descriptor)
+        self.namespace_set = False
         index_type = Types.LIST(self.assigner.get_window_type())
         self.index = {domain: backend.get_partitioned_state(
             MapStateDescriptor(name, Types.LONG(), index_type))
@@ -115,7 +116,7 @@ class WindowOperator(KeyedProcessFunction):
                 state_window = merging_set.get_state_window(window)
                 if state_window is None:
                     raise StateError(f"window {window!r} has no state window")
-            contents.set_current_namespace(state_window)
+            self._use(state_window)
             contents.add(value)
             c.current = window
             result = trigger.on_element(value, timestamp, window, c)
@@ -132,6 +133,14 @@ class WindowOperator(KeyedProcessFunction):
         if skipped and self._element_late(timestamp) and self.late_data_tag is not None:
             out.append((self.late_data_tag, value))
         return out
+
+    def _use(self, namespace: Any) -> None:
+        """Point the contents state at ``namespace`` (unless it is there: consecutive elements
+        of different keys are mostly in the same window, and each setting checks its type)."""
+        contents = self.contents
+        if not self.namespace_set or contents.get_current_namespace() != namespace:
+            contents.set_current_namespace(namespace)
+            self.namespace_set = True
 
     def _merge(self, result: Any, merged: list[Any], state_result: Any,
                merged_states: list[Any]) -> None:
@@ -188,9 +197,9 @@ class WindowOperator(KeyedProcessFunction):
             state_window = merging_set.get_state_window(window)
             if state_window is None:  # merged into another window, or purged meanwhile
                 return
-            contents.set_current_namespace(state_window)
+            self._use(state_window)
         else:
-            contents.set_current_namespace(window)
+            self._use(window)
         event = domain is TimeDomain.EVENT_TIME
         result = (self.trigger.on_event_time(timestamp, window, c) if event
                   else self.trigger.on_processing_time(timestamp, window, c))
