@@ -21,26 +21,30 @@ class CountPerWindow(ProcessWindowFunction):
         yield key, w.start, w.end, len(list(elements))
 
 
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
-def test_tumbling_windows_through_foreach_batch(spark, tmp_path, backend):
-    inputs = str(tmp_path / "in")
+def test_tumbling_windows_through_foreach_batch(spark, tmp_path):
+    """Both backends' queries at once (one Spark session), each over its own input."""
     batches = [[("a", 1 * S), ("a", 2 * S), ("b", 3 * S)], [("a", 12 * S), ("b", 15 * S)],
                [("c", 100 * S)], [("c", 200 * S)]]
-    for n, rows in enumerate(batches):
-        write(inputs, n, rows)
-    sink = Sink()
     windows = Windows.of(TumblingEventTimeWindows.of(10 * S)).process(CountPerWindow())
-    query = (spark.readStream.schema("key string, ts timestamp").option("maxFilesPerTrigger", 1)
-             .parquet(inputs).writeStream.foreachBatch(foreach_batch(
-                 windows, "key", OUTPUT, sink, event_time_column="ts",
-                 conf={"state.backend.type": backend}, operator_id=f"windows-{backend}"))
-             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True)
-             .start())
-    wait_for(lambda: not query.isActive or query.exception(), "the query's end")
-    query.awaitTermination()
-    assert query.exception() is None
-    # batch 2's watermark (15 s, the largest time before it) ends the first windows, batch 3's
-    # (100 s) the second ones; c's windows stay open (no later batch moves the watermark)
-    assert {b: sorted(rows) for b, rows in sink.by_batch.items() if rows} == {
-        2: [("a", 0, 10 * S, 2), ("b", 0, 10 * S, 1)],
-        3: [("a", 10 * S, 20 * S, 1), ("b", 10 * S, 20 * S, 1)]}
+    sinks, queries = {}, {}
+    for backend in ("hashmap", "rocksdb"):
+        inputs = str(tmp_path / f"in-{backend}")
+        for n, rows in enumerate(batches):
+            write(inputs, n, rows)
+        sinks[backend] = Sink()
+        queries[backend] = (
+            spark.readStream.schema("key string, ts timestamp").option("maxFilesPerTrigger", 1)
+            .parquet(inputs).writeStream.foreachBatch(foreach_batch(
+                windows, "key", OUTPUT, sinks[backend], event_time_column="ts",
+                conf={"state.backend.type": backend}, operator_id=f"windows-{backend}"))
+            .option("checkpointLocation", str(tmp_path / f"cp-{backend}"))
+            .trigger(availableNow=True).start())
+    for backend, query in queries.items():
+        wait_for(lambda q=query: not q.isActive or q.exception(), f"{backend}'s query")
+        query.awaitTermination()
+        assert query.exception() is None, backend
+        # batch 2's watermark (15 s, the largest time before it) ends the first windows, batch
+        # 3's (100 s) the second ones; c's windows stay open (no later batch moves the watermark)
+        assert {b: sorted(rows) for b, rows in sinks[backend].by_batch.items() if rows} == {
+            2: [("a", 0, 10 * S, 2), ("b", 0, 10 * S, 1)],
+            3: [("a", 10 * S, 20 * S, 1), ("b", 10 * S, 20 * S, 1)]}, backend
