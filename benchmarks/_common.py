@@ -75,22 +75,26 @@ def rocksdb_backend(workdir: Path, *, incremental: bool = False, predefined: Any
 
 
 def raw_rdict(path: Path, column_families: list[str], predefined: Any = None) -> tuple[Any, dict[str, Any]]:
-    """A hand-written rocksdict user's database: raw mode, the backend's options, WAL off.
+    """A hand-written rocksdict user's database: raw mode, the backend's options (its default
+    memory budget included), WAL off.
 
     Returns the database and one column-family handle per name (the same layout as the backend).
     """
     from rocksdict import Rdict, WriteOptions
 
+    from statekit.backends.rocksdb.memory import RocksDBMemoryConfiguration, shared_memory
     from statekit.backends.rocksdb.options import PredefinedOptions, build_options
 
-    opts = build_options(predefined or PredefinedOptions.DEFAULT)
+    memory = shared_memory(RocksDBMemoryConfiguration())
+    opts = build_options(predefined or PredefinedOptions.DEFAULT, memory=memory)
     db = Rdict(str(path), opts)
     wo = WriteOptions()
     wo.disable_wal = True
     db.set_write_options(wo)
     cfs = {}
     for name in column_families:
-        cf = db.create_column_family(name, build_options(predefined or PredefinedOptions.DEFAULT))
+        cf = db.create_column_family(name, build_options(predefined or PredefinedOptions.DEFAULT,
+                                                         memory=memory))
         cf.set_write_options(wo)
         cfs[name] = cf
     return db, cfs

@@ -10,20 +10,17 @@ nearest known key suggested.
 
 The table sits on the ground floor, beside the value parsers it uses, because every layer reads
 keys from it: checkpoint settings and storages, backends, the runtime and the Spark adapters.
-Plugins share one protocol (:class:`Configurable`: ``from_config`` builds, ``configure``
-returns a configured copy) and apply their own keys with :class:`Setting` rows
-(:func:`apply_settings`), under one rule: a setting made in code wins over a flat key.
+Plugins share one protocol over these keys (:mod:`statekit.configurable`).
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from statekit.errors import ConfigError
 from statekit.values import (
@@ -46,10 +43,7 @@ __all__ = [  # with the value parsers, which callers use with these keys
     "KEYS",
     "NAMESPACES",
     "OPTIONS",
-    "Configurable",
     "Option",
-    "Setting",
-    "apply_settings",
     "at_least",
     "canonical",
     "default",
@@ -131,6 +125,21 @@ _POS_DUR = at_least(parse_duration_ms, 1)
 _POS_SIZE = at_least(parse_size, 1)
 _NONNEG_INT = at_least(parse_int, 0)
 _POS_INT = at_least(parse_int, 1)
+
+
+def _ratio(key: str, value: Any) -> float:
+    """A fraction strictly between 0 and 1 (Flink's rule for memory ratios)."""
+    ratio = parse_float(key, value)
+    if not 0 < ratio < 1:
+        raise ConfigError(key, f"{ratio} is not strictly between 0 and 1")
+    return ratio
+
+
+def _refused(why: str) -> Callable[[str, Any], Any]:
+    """The parser of a Flink key that cannot take effect here: setting it is a ConfigError."""
+    def parse(key: str, value: Any) -> Any:
+        raise ConfigError(key, f"cannot take effect: {why}")
+    return parse
 
 OPTIONS: tuple[Option, ...] = (
     # --- backend and storage ------------------------------------------------------------------
@@ -230,6 +239,17 @@ OPTIONS: tuple[Option, ...] = (
            "memory) or `HEAP` (in memory, faster)."),
     Option("state.backend.rocksdb.ttl.compaction.filter.enabled", parse_bool, "true",
            "Drop expired TTL entries during checkpoints (compaction-filter stand-in)."),
+    Option("state.backend.rocksdb.memory.managed", parse_bool, "true",
+           "All RocksDB instances of a process share one block cache and write-buffer budget."),
+    Option("state.backend.rocksdb.memory.fixed-per-slot", _POS_SIZE, "(none: 322122552 b)",
+           "That budget for one process (default: Flink's managed memory of a 1 GB slot).",
+           described=True),
+    Option("state.backend.rocksdb.memory.write-buffer-ratio", _ratio, "0.5",
+           "Share of the budget memtables may use."),
+    Option("state.backend.rocksdb.memory.high-prio-pool-ratio", _refused(
+        "the block cache rocksdict offers has no high-priority pool (index and filter blocks "
+        "share the cache with data blocks, level-0 ones pinned)"), "(refused)",
+           "Refused: rocksdict's block cache has no high-priority pool.", described=True),
     # --- heap ---------------------------------------------------------------------------------------
     Option("state.backend.heap.incremental", parse_bool, "false",
            "Incremental (changelog) heap checkpoints."),
@@ -395,61 +415,3 @@ def reference_markdown() -> str:
         lines.append(f"| `{option.key}` | {option.default} | {aliases} | `{option.env_var}` | "
                      f"{option.doc} |")
     return "\n".join(lines) + "\n"
-
-
-class Configurable:
-    """The configuration protocol of every plugin (state backend, checkpoint storage).
-
-    The registry builds a plugin from flat keys with :meth:`from_config`; :meth:`configure`
-    returns a copy with the keys applied, never changing the object it is called on, and a
-    setting made in code wins over a key (see :class:`Setting`).
-    """
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Self:
-        """The plugin built from flat keys: by default the constructor's defaults, then
-        :meth:`configure`; a plugin whose constructor needs arguments (a directory, say)
-        overrides this to take them from ``config``."""
-        return cls().configure(dict(config))
-
-    def configure(self, config: dict[str, Any]) -> Self:
-        """A copy with the flat keys this plugin understands applied (override to read some)."""
-        return copy.copy(self)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting of a plugin (backend or storage) that flat keys may give.
-
-    ``keys`` are tried in order and the first one set applies; ``parse`` defaults to the
-    parser of the key's option.  ``given`` names the attribute that is None while the setting
-    was not made in code (default: ``attribute`` itself): a setting made in code wins.
-    """
-
-    attribute: str
-    keys: tuple[str, ...]
-    parse: Callable[[str, Any], Any] | None = None
-    given: str | None = None
-
-    def value(self, config: Mapping[str, Any]) -> tuple[bool, Any]:
-        """``(True, parsed value)`` of the first key set in ``config``, else ``(False, None)``."""
-        for key in self.keys:
-            if config.get(key) is not None:
-                parse = self.parse or BY_KEY[canonical(key)].parse
-                return True, parse(key, config[key])
-        return False, None
-
-
-def apply_settings(settings: Iterable[Setting], source: Any, target: Any,
-                   config: Mapping[str, Any]) -> None:
-    """Set each setting of ``target`` that ``source`` leaves open from ``config``.
-
-    ``target`` is usually a copy of ``source``: ``configure()`` returns a configured copy and
-    leaves the object it was called on as it was.
-    """
-    for setting in settings:
-        if getattr(source, setting.given or setting.attribute) is not None:
-            continue
-        found, value = setting.value(config)
-        if found:
-            setattr(target, setting.attribute, value)

@@ -398,8 +398,9 @@ def test_ttl_filter_disabled_keeps_entries(tmp_path):
 # --- options ------------------------------------------------------------------------------------------
 
 
-def _open_with(profile, factory=None):
+def _open_with(profile, factory=None, managed=True):
     backend = rocks()
+    backend.set_memory_configuration(managed=managed)
     backend.set_predefined_options(profile)
     if factory is not None:
         backend.set_options(factory)
@@ -437,8 +438,13 @@ def test_predefined_spinning_disk():
         kb.dispose()
 
 
-def test_predefined_spinning_disk_high_mem():
-    kb = _open_with(PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM)
+@pytest.mark.parametrize("managed", [False, True])
+def test_predefined_spinning_disk_high_mem(managed):
+    """The profile's settings; its 256 MB block cache unless managed memory replaces it by the
+    process's budget (Flink's precedence), keeping the profile's other table settings."""
+    from statekit.backends.rocksdb.memory import DEFAULT_MANAGED_BYTES
+
+    kb = _open_with(PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM, managed=managed)
     try:
         text = options_text(kb)
         for line in ("max_background_jobs=4", "max_open_files=-1", "use_fsync=false"):
@@ -449,7 +455,12 @@ def test_predefined_spinning_disk_high_mem():
                      "filter_policy=bloomfilter", "level_compaction_dynamic_level_bytes=true",
                      "compaction_style=kCompactionStyleLevel"):
             assert text.count(line) == 2, line
-        assert kb._db.property_int_value("rocksdb.block-cache-capacity") == 256 * 1024 * 1024
+        capacity = kb._db.property_int_value("rocksdb.block-cache-capacity")
+        if managed:  # the shared cache: the budget less the write buffers' share
+            assert capacity == pytest.approx(DEFAULT_MANAGED_BYTES * 2.5 / 3, rel=0.01)
+            assert text.count("cache_index_and_filter_blocks=true") == 2
+        else:
+            assert capacity == pytest.approx(256 * 1024 * 1024, rel=0.01)
     finally:
         kb.dispose()
 

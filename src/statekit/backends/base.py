@@ -33,7 +33,7 @@ from statekit.backends.kvformat import (  # noqa: F401 (kept importable from her
     write_plain_entry,
 )
 from statekit.backends.namespaces import NamespacedStates
-from statekit.config import Configurable
+from statekit.configurable import Configurable
 from statekit.errors import (
     NoKeyContextError,
     PickleNotAllowedError,

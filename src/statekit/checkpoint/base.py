@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from statekit.checkpoint.layout import CheckpointStorageAccess
-from statekit.config import Configurable
+from statekit.configurable import Configurable
 from statekit.errors import ConfigError
 
 

@@ -13,6 +13,7 @@ from statekit.checkpoint.blobstore.fsspec import FsspecBlobStore, blob_store_for
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.configurable import Setting, apply_settings
 from statekit.errors import ConfigError
 from statekit.values import checked_int
 
@@ -20,7 +21,7 @@ THRESHOLD_KEY = "state.storage.fs.memory-threshold"
 WRITE_BUFFER_KEY = "state.storage.fs.write-buffer-size"
 
 #: the storage's flat keys (a setting made in code wins over them)
-_SETTINGS = (cfg.Setting("multipart_threshold", ("state.storage.fs.multipart-threshold",)),)
+_SETTINGS = (Setting("multipart_threshold", ("state.storage.fs.multipart-threshold",)),)
 
 
 class FileSystemCheckpointStorage(CheckpointStorage):
@@ -81,7 +82,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         new = copy.copy(self)
         if self._retry_given is None and any(k.startswith("state.storage.fs.retr") for k in config):
             new.retry = RetryPolicy.from_config(config)
-        cfg.apply_settings(_SETTINGS, self, new, config)
+        apply_settings(_SETTINGS, self, new, config)
         if str(self._checkpoint_path).startswith(("s3://", "s3a://")):
             new.storage_options = {**s3_options_from_config(config), **self.storage_options}
         return new

@@ -12,7 +12,8 @@ from typing import Any
 from statekit.backends.base import StateBackend
 from statekit.backends.heap.backend import HeapKeyedStateBackend
 from statekit.backends.heap.snapshot import DEFAULT_SNAPSHOT_MODE, check_snapshot_mode
-from statekit.config import Setting, apply_settings, default
+from statekit.config import default
+from statekit.configurable import Setting, apply_settings
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer

@@ -20,6 +20,13 @@ from statekit import workdirs
 from statekit.backends.base import StateBackend
 from statekit.backends.legacy import FsStateBackend
 from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+from statekit.backends.rocksdb.memory import (
+    FIXED_KEY,
+    MANAGED_KEY,
+    RATIO_KEY,
+    RocksDBMemoryConfiguration,
+    shared_memory,
+)
 from statekit.backends.rocksdb.options import (
     OptionsFactory,
     PredefinedOptions,
@@ -28,7 +35,8 @@ from statekit.backends.rocksdb.options import (
 )
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.streams import safe_name
-from statekit.config import BY_KEY, Setting, apply_settings, default
+from statekit.config import BY_KEY, default
+from statekit.configurable import Setting, apply_settings
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
@@ -82,6 +90,9 @@ _SETTINGS = (
     Setting("_options_factory", ("state.backend.rocksdb.options-factory",), _parse_options_factory),
     Setting("_threads", (_THREADS_KEY,)),
     Setting("_ttl_filter", ("state.backend.rocksdb.ttl.compaction.filter.enabled",)),
+    Setting("_managed", (MANAGED_KEY,)),
+    Setting("_fixed_memory", (FIXED_KEY,)),
+    Setting("_write_buffer_ratio", (RATIO_KEY,)),
     Setting("_timer_factory", (_TIMER_KEY,)),
 )
 
@@ -108,6 +119,9 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         self._threads: int | None = None
         self._ttl_filter: bool | None = None
         self._timer_factory: str | None = None
+        self._managed: bool | None = None
+        self._fixed_memory: int | None = None
+        self._write_buffer_ratio: float | None = None
 
     # --- PyFlink getters and setters ------------------------------------------------------------
 
@@ -190,6 +204,28 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
         return bool(default(key) if self._ttl_filter is None else self._ttl_filter)
 
+    def get_memory_configuration(self) -> RocksDBMemoryConfiguration:
+        """How much memory this process's RocksDB instances share (Flink's
+        ``state.backend.rocksdb.memory.*``: managed by default, 0.5 for write buffers)."""
+        return RocksDBMemoryConfiguration(
+            bool(default(MANAGED_KEY) if self._managed is None else self._managed),
+            self._fixed_memory,
+            float(default(RATIO_KEY) if self._write_buffer_ratio is None
+                  else self._write_buffer_ratio))
+
+    def set_memory_configuration(self, *, managed: bool | None = None,
+                                 fixed_per_slot: int | str | None = None,
+                                 write_buffer_ratio: float | None = None) -> None:
+        """Bound the memory of this process's RocksDB instances: ``managed`` (one shared budget,
+        the default), ``fixed_per_slot`` (the budget in bytes or a size like ``"1 gb"``) and
+        ``write_buffer_ratio`` (the share of memtables)."""
+        if managed is not None:
+            self._managed = BY_KEY[MANAGED_KEY].parse(MANAGED_KEY, managed)
+        if fixed_per_slot is not None:
+            self._fixed_memory = BY_KEY[FIXED_KEY].parse(FIXED_KEY, fixed_per_slot)
+        if write_buffer_ratio is not None:
+            self._write_buffer_ratio = BY_KEY[RATIO_KEY].parse(RATIO_KEY, write_buffer_ratio)
+
     # --- configuration ----------------------------------------------------------------------------
 
     def configure(self, config: dict[str, Any]) -> EmbeddedRocksDBStateBackend:
@@ -203,9 +239,10 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     def _options_builder(self) -> Callable[[], Options]:
         predefined = self.get_predefined_options()
         factory = resolve_options_factory(self._options_factory)
+        memory = shared_memory(self.get_memory_configuration())
 
         def build() -> Options:
-            return build_options(predefined, factory)
+            return build_options(predefined, factory, memory)
 
         return build
 

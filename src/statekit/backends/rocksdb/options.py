@@ -2,8 +2,9 @@
 
 A profile sets what Flink's ``PredefinedOptions.java`` documents; an options factory (a callable,
 or the dotted name of one) then adjusts the rocksdict ``Options`` on top, as Flink's
-``RocksDBOptionsFactory`` does.  The same options are used for the database and every column
-family, on every open, so a reopened database never falls back to rocksdict's defaults.
+``RocksDBOptionsFactory`` does, and the process's memory budget (:mod:`.memory`) comes last.
+The same options are used for the database and every column family, on every open, so a
+reopened database never falls back to rocksdict's defaults.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from rocksdict import BlockBasedOptions, Cache, DBCompactionStyle, Options
 
+from statekit.backends.rocksdb.memory import SharedMemory, apply_memory
 from statekit.errors import ConfigError
 from statekit.registry import import_path
 
@@ -94,9 +96,13 @@ def _common(opts: Options) -> None:
 
 
 def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
-                  factory: OptionsFactory | str | None = None) -> Options:
-    """Raw-mode ``Options`` for ``predefined`` with the options factory applied on top."""
+                  factory: OptionsFactory | str | None = None,
+                  memory: SharedMemory | None = None) -> Options:
+    """Raw-mode ``Options`` for ``predefined`` with the options factory applied on top, and then
+    (Flink's precedence) the process's shared memory budget, when ``memory`` is given: it
+    replaces the block cache and write-buffer limits of the profile and the factory."""
     opts = Options(raw_mode=True)
+    table = BlockBasedOptions()
     _common(opts)
     if predefined is PredefinedOptions.SPINNING_DISK_OPTIMIZED:
         opts.set_compaction_style(DBCompactionStyle.level())
@@ -115,7 +121,6 @@ def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
         opts.set_min_write_buffer_number_to_merge(3)
         opts.set_max_write_buffer_number(4)
         opts.set_max_open_files(-1)
-        table = BlockBasedOptions()
         table.set_block_cache(shared_cache(256 * MB))
         table.set_block_size(128 * 1024)
         table.set_bloom_filter(10, False)
@@ -133,4 +138,6 @@ def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
             raise ConfigError("state.backend.rocksdb.options-factory",
                               f"the options factory returned {type(replaced).__name__}, "
                               "expected rocksdict.Options or None")
+    if memory is not None:
+        apply_memory(opts, table, memory)
     return opts

@@ -1,0 +1,122 @@
+"""One phase of the growth benchmark in its own process (so its peak RSS is its own).
+
+``build``: writes ``keys`` values of ``value_bytes`` into one ValueState, takes a checkpoint (the
+first of an incremental backend: everything), changes 1 % of the keys and takes the next
+(incremental) checkpoint.  ``restore``: a fresh backend restores the newest checkpoint and reads
+one key (restart -> first element).  Prints one JSON line of figures.
+
+Run: ``python -m benchmarks.growth_driver build|restore <backend> <keys> <value bytes> <dir>``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BATCH = 10_000
+MEMORY_BUDGET = "1 gb"  # RocksDB's shared memory budget (state.backend.rocksdb.memory.fixed-per-slot)
+
+
+def _backend(kind: str, work: Path) -> Any:
+    from benchmarks._common import MAXP, long_serializer
+    from statekit import HashMapStateBackend
+    from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+    from statekit.serde.keygroups import KeyGroupRange
+
+    if kind == "heap":
+        factory: Any = HashMapStateBackend(incremental=True)
+    else:
+        factory = EmbeddedRocksDBStateBackend(True)
+        factory.set_db_storage_paths(str(work))
+        factory.set_memory_configuration(fixed_per_slot=MEMORY_BUDGET)
+    return factory.create_keyed_state_backend(
+        key_serializer=long_serializer(), key_group_range=KeyGroupRange.all(MAXP),
+        max_parallelism=MAXP)
+
+
+def _desc() -> Any:
+    from statekit import Types, ValueStateDescriptor
+
+    return ValueStateDescriptor("v", Types.PRIMITIVE_ARRAY(Types.BYTE()))
+
+
+def _values(start: int, count: int, value_bytes: int, version: int) -> list[bytes]:
+    pool = _POOL
+    span = len(pool) - value_bytes
+    offsets = ((k * 7919 + version * 104729) % span for k in range(start, start + count))
+    return [pool[o:o + value_bytes] for o in offsets]
+
+
+_POOL = random.Random(42).randbytes(8 << 20)  # the same in every phase's process
+
+
+def _checkpoint(backend: Any, access: Any, cid: int) -> dict[str, Any]:
+    streams = access.streams(cid, "task")
+    t0 = time.perf_counter()
+    run = backend.snapshot(cid, streams)
+    handle = run.run()
+    access.commit(cid, {"tasks": {"task": handle}})
+    seconds = time.perf_counter() - t0
+    backend.notify_checkpoint_complete(cid)
+    return {"seconds": round(seconds, 3), "bytes": streams.bytes_written,
+            "stall_s": round(run.sync_seconds, 4),
+            "write_mb_s": round(streams.bytes_written / seconds / 1e6, 1)}
+
+
+def build(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any]:
+    from statekit import FileSystemCheckpointStorage
+    from statekit.backends.bulk import BulkState
+
+    backend = _backend(kind, root / "work")
+    access = FileSystemCheckpointStorage(str(root / "checkpoints")).create_access("job")
+    bulk, desc = BulkState(backend), _desc()
+    t0 = time.perf_counter()
+    for start in range(0, keys, BATCH):
+        count = min(BATCH, keys - start)
+        bulk.put(desc, range(start, start + count), _values(start, count, value_bytes, 0))
+    out: dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 2)}
+    out["full"] = _checkpoint(backend, access, 1)
+    changed = list(range(0, keys, 100))  # 1 % of the keys
+    for start in range(0, len(changed), BATCH):
+        part = changed[start:start + BATCH]
+        bulk.put(desc, part, [v[::-1] for v in _values(0, len(part), value_bytes, 1)])
+    out["incremental"] = _checkpoint(backend, access, 2)
+    out["incremental"]["share_of_full"] = round(out["incremental"]["bytes"] / out["full"]["bytes"], 4)
+    backend.dispose()
+    return out
+
+
+def restore(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any]:
+    from statekit import FileSystemCheckpointStorage
+    from statekit.backends.transfer import restore_into
+
+    t0 = time.perf_counter()
+    access = FileSystemCheckpointStorage(str(root / "checkpoints")).create_access("job")
+    handle = access.load(2)["tasks"]["task"]
+    backend = _backend(kind, root / "work")
+    restore_into(backend, [(handle, access.reader())])
+    state = backend.get_partitioned_state(_desc())
+    backend.set_current_key(keys - 1)
+    first = state.value()
+    seconds = time.perf_counter() - t0
+    assert first is not None and len(first) == value_bytes
+    backend.set_current_key(0)  # a changed key holds its new value
+    assert state.value() == _values(0, 1, value_bytes, 1)[0][::-1]
+    backend.dispose()
+    return {"restart_to_first_element_s": round(seconds, 3)}
+
+
+def main() -> None:
+    phase, kind, keys, value_bytes, root = sys.argv[1:6]
+    out = {"build": build, "restore": restore}[phase](kind, int(keys), int(value_bytes), Path(root))
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
