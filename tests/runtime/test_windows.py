@@ -22,6 +22,7 @@ from statekit.runtime.windows import (
     PurgingTrigger,
     SlidingEventTimeWindows,
     Time,
+    TimeWindow,
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
     WindowFunction,
@@ -336,3 +337,46 @@ def test_windows_as_a_keyed_function_give_the_windowed_streams_results(tmp_path)
                          ).execute_and_collect()
     assert sorted(by_function) == sorted(by_stream)
     assert by_function.get_side_output(LATE) == by_stream.get_side_output(LATE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_late_firing_and_cleanup_in_the_harness(backend):
+    """Flink's WindowOperatorTest lateness cases: a window fires at its end, again for each
+    element within the lateness, is dropped at end + lateness (its timers and state go), and a
+    later element is late."""
+    operator = (Windows.of(TumblingEventTimeWindows.of(2000)).allowed_lateness(500)
+                .side_output_late_data(LATE).process(Summary()))
+    with KeyedOneInputStreamOperatorTestHarness(operator, lambda e: e[0],
+                                                backend=backend) as harness:
+        harness.open()
+        harness.process_element(("k", 1000, 1), timestamp=1000)
+        harness.process_element(("k", 1500, 2), timestamp=1500)
+        assert harness.num_event_time_timers() == 2  # the trigger's (1999), the cleanup (2499)
+        harness.process_watermark(1999)
+        assert harness.extract_output_values() == [("k", 0, 2000, 3, 2)]
+        harness.process_element(("k", 1000, 4), timestamp=1000)  # late, within the lateness
+        assert harness.extract_output_values()[-1] == ("k", 0, 2000, 7, 3)
+        harness.process_watermark(2499)  # the cleanup: no firing
+        assert len(harness.extract_output_values()) == 2
+        assert harness.num_event_time_timers() == 0
+        harness.backend.set_current_key("k")
+        assert list(harness.backend.get_keys("window-contents", TimeWindow(0, 2000))) == []
+        harness.process_element(("k", 1000, 8), timestamp=1000)  # past the lateness
+        assert harness.extract_output_values()[-1] == (LATE, ("k", 1000, 8))
+        assert harness.num_event_time_timers() == 0
+
+
+def test_a_lateness_past_the_end_of_time_registers_no_cleanup_timer():
+    """Flink's testCleanupTimeOverflow: max_timestamp + lateness past the largest long is no
+    cleanup at all (the window's trigger timer only)."""
+    operator = (Windows.of(TumblingEventTimeWindows.of(2000)).allowed_lateness(2**63 - 1)
+                .process(Summary()))
+    with KeyedOneInputStreamOperatorTestHarness(operator, lambda e: e[0]) as harness:
+        harness.open()
+        harness.process_element(("k", 1000, 1), timestamp=1000)
+        assert harness.timers_of("k") == [1999]
+        harness.process_watermark(1999)
+        assert harness.extract_output_values() == [("k", 0, 2000, 1, 1)]
+        harness.process_watermark(10**15)
+        harness.process_element(("k", 1000, 2), timestamp=1000)  # never late: fires again
+        assert harness.extract_output_values()[-1] == ("k", 0, 2000, 3, 2)
