@@ -380,3 +380,28 @@ def test_a_lateness_past_the_end_of_time_registers_no_cleanup_timer():
         harness.process_watermark(10**15)
         harness.process_element(("k", 1000, 2), timestamp=1000)  # never late: fires again
         assert harness.extract_output_values()[-1] == ("k", 0, 2000, 3, 2)
+
+
+def latest_sessions(out):
+    """Per key, the sessions no later result covers (a late element that joins a fired session
+    fires the grown session again), as ``expected_sessions`` has them."""
+    kept = {}
+    for k, s, e, t, c in out:
+        kept[k] = [w for w in kept.get(k, []) if not (s <= w[0] and w[1] <= e)] + [(s, e, t, c)]
+    return {(k, s): (e, t, c) for k, ws in kept.items() for s, e, t, c in ws}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_session_windows_with_late_elements_equal_pandas(tmp_path, backend):
+    """Elements later than the watermark but within the lateness join (or grow) sessions that
+    fired already, which fire again; the last result of each session equals pandas'."""
+    lateness, gap = 30, 12
+    evs = events(500, spread=DELAY + lateness - 5)  # late, never past the lateness
+    df = frame(evs)
+    assert ((df["ts"] + gap - 1) <= df["wm"]).sum() > 20  # sessions ended before they came
+    result = windowed(env_for(tmp_path, backend), evs, EventTimeSessionWindows.with_gap(gap),
+                      lateness, "aggregate").execute_and_collect()
+    expected = expected_sessions(evs, gap)
+    assert len(result) > len(expected)  # some sessions fired again
+    assert latest_sessions(result) == expected
+    assert result.get_side_output(LATE) == []
