@@ -23,15 +23,19 @@ def section_windows(data: dict[str, Any]) -> str:
         "windows of 10 s and event-time sessions with a 1.5 s gap, against the same algorithm in "
         "plain Python (a dict of running sums, a `heapq` of window ends, the watermark after every "
         "element), interleaved round by round; both give the same windows. The ratio is "
-        "throughput(runner) / throughput(raw), the median of the rounds.",
+        "throughput(runner) / throughput(raw), the median of the rounds; \"no-op job / raw\" is the "
+        "same for a job over the same events whose keyed function does nothing: the ceiling of "
+        "any window operator on the local runner.",
         "",
-        "| backend | windows | events | raw events/s | runner events/s | ratio | target |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | windows | events | raw events/s | runner events/s | ratio | no-op job / raw "
+        "| target |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["backend"], r["kind"])):
         verdict = "**met**" if r["ratio"] >= r["target"] else "**missed**"
         lines.append(f"| {r['backend']} | {r['kind']} | {r['events']:,} | "
                      f"{r['raw_events_per_s']:,} | {r['runner_events_per_s']:,} | "
-                     f"{r['ratio']:.3f} | >= {r['target']} {verdict} |")
+                     f"{r['ratio']:.3f} | {r.get('floor_ratio', float('nan')):.3f} | "
+                     f">= {r['target']} {verdict} |")
     lines.append("")
     return "\n".join(lines) + "\n"
