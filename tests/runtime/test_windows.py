@@ -12,7 +12,7 @@ import pytest
 
 from statekit import AggregateFunction, OutputTag, Types, ValueStateDescriptor
 from statekit.durations import Duration
-from statekit.errors import ConfigError, JobExecutionError, StateError
+from statekit.errors import ConfigError, JobExecutionError, StateError, StateTypeError
 from statekit.runtime.watermarks import WatermarkStrategy
 from statekit.runtime.windows import (
     CountTrigger,
@@ -405,3 +405,18 @@ def test_session_windows_with_late_elements_equal_pandas(tmp_path, backend):
     assert len(result) > len(expected)  # some sessions fired again
     assert latest_sessions(result) == expected
     assert result.get_side_output(LATE) == []
+
+
+def test_a_trigger_must_answer_with_a_trigger_result(tmp_path):
+    class Forgetful(CountTrigger):
+        def on_element(self, element, timestamp, window, ctx):
+            super().on_element(element, timestamp, window, ctx)  # no return
+
+    env = env_for(tmp_path, **{"restart-strategy.type": "none"})
+    stream = (env.from_collection([("a", 1, 1)]).assign_timestamps_and_watermarks(strategy())
+              .key_by(lambda e: e[0]).window(TumblingEventTimeWindows.of(10))
+              .trigger(Forgetful(2)).process(Summary()))
+    with pytest.raises(JobExecutionError) as info:
+        stream.execute_and_collect()
+    assert isinstance(info.value.__cause__, StateTypeError)
+    assert "Forgetful.on_element returned None" in str(info.value.__cause__)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from statekit.backends.timers import MAX_TIMESTAMP
-from statekit.errors import StateError
+from statekit.errors import StateError, StateTypeError
 from statekit.runtime.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from statekit.runtime.timers import TimeDomain, TimerService
 from statekit.runtime.windows.assigners import MergingWindowAssigner, WindowAssigner
@@ -27,7 +27,7 @@ from statekit.runtime.windows.functions import (
     ProcessWindowFunction,
 )
 from statekit.runtime.windows.merging import MergingWindowSet, merging_set_descriptor
-from statekit.runtime.windows.triggers import Trigger
+from statekit.runtime.windows.triggers import Trigger, TriggerResult
 from statekit.serde.types import Types
 from statekit.state.api import State
 from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor
@@ -120,6 +120,8 @@ class WindowOperator(KeyedProcessFunction):
             contents.add(value)
             c.current = window
             result = trigger.on_element(value, timestamp, window, c)
+            if type(result) is not TriggerResult:
+                raise _not_a_result(trigger, "on_element", result)
             if result.value[0]:  # fire
                 found = contents.get()
                 if found is None or (self.list_contents and not found):
@@ -203,6 +205,9 @@ class WindowOperator(KeyedProcessFunction):
         event = domain is TimeDomain.EVENT_TIME
         result = (self.trigger.on_event_time(timestamp, window, c) if event
                   else self.trigger.on_processing_time(timestamp, window, c))
+        if type(result) is not TriggerResult:
+            raise _not_a_result(self.trigger, "on_event_time" if event else "on_processing_time",
+                                result)
         if result.is_fire():
             found = contents.get()
             if found is not None and not (self.list_contents and not found):
@@ -364,3 +369,8 @@ class WindowContext(Trigger.OnMergeContext, ProcessWindowFunction.Context,
 
     def global_state(self) -> KeyedStateStore:
         return self._global_store
+
+
+def _not_a_result(trigger: Trigger, method: str, result: Any) -> StateTypeError:
+    return StateTypeError(f"{type(trigger).__name__}.{method} returned {result!r}, not a "
+                          "TriggerResult (CONTINUE, FIRE, PURGE or FIRE_AND_PURGE)")
