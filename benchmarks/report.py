@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 from benchmarks._common import TARGETS
 from benchmarks._state_access import OPERATIONS
 from benchmarks.report_timers import section_timers
+from benchmarks.report_windows import section_windows
 
 REPO = Path(__file__).resolve().parent.parent
 DISKS = ["nvme", "sata-ssd", "hdd-7200"]
@@ -670,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         disk_text,
         section_spark(args.spark, args.img_dir, rel),
         timers_text,
+        section_windows(data),
     ]
     if args.analysis.exists():
         doc.append(args.analysis.read_text())

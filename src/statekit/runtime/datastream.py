@@ -8,7 +8,7 @@ for streams with sinks) runs it as a :class:`~statekit.runtime.job.LocalJob`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statekit.errors import ConfigTypeError
 from statekit.runtime.aggregations import Accumulate, FilterAdapter, ReduceAdapter, accumulator
@@ -28,6 +28,10 @@ from statekit.runtime.watermarks import SourceTime, WatermarkStrategy
 from statekit.serde.types import TypeInformation
 from statekit.state.api import ReduceFunction
 from statekit.state.descriptors import MapStateDescriptor
+
+if TYPE_CHECKING:
+    from statekit.runtime.windows.assigners import WindowAssigner
+    from statekit.runtime.windows.stream import WindowedStream
 
 
 class DataStream:
@@ -122,6 +126,23 @@ class KeyedStream:
 
     def map(self, func: MapFunction | Callable[[Any], Any]) -> ProcessedStream:
         return ProcessedStream(self, _MapAdapter(func))
+
+    def window(self, window_assigner: WindowAssigner) -> WindowedStream:
+        """The stream cut into the windows of ``window_assigner`` (a
+        :class:`~statekit.runtime.windows.WindowedStream`; see ``docs/windows.md``)."""
+        from statekit.runtime.windows.stream import WindowedStream
+
+        return WindowedStream(self, window_assigner)
+
+    def count_window(self, size: int, slide: int = 0) -> WindowedStream:
+        """Windows of ``size`` elements of a key, tumbling (``slide`` 0) or sliding."""
+        from statekit.runtime.windows.counting import (
+            CountSlidingWindowAssigner,
+            CountTumblingWindowAssigner,
+        )
+
+        return self.window(CountTumblingWindowAssigner(size) if slide == 0
+                           else CountSlidingWindowAssigner(size, slide))
 
     def flat_map(self, func: FlatMapFunction | Callable[[Any], Iterable[Any]]) -> ProcessedStream:
         return ProcessedStream(self, _FlatMapAdapter(func))
