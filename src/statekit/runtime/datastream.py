@@ -23,7 +23,8 @@ from statekit.runtime.functions import (
     OutputTag,
     RuntimeContext,
 )
-from statekit.runtime.job import CollectResult, LocalJob
+from statekit.runtime.job import LocalJob
+from statekit.runtime.outputs import CollectResult
 from statekit.runtime.watermarks import SourceTime, WatermarkStrategy
 from statekit.serde.types import TypeInformation
 from statekit.state.api import ReduceFunction

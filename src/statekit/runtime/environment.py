@@ -23,7 +23,8 @@ from statekit.errors import ConfigError, ConfigTypeError
 from statekit.registry import backend_registry
 from statekit.runtime.batch import MODE_KEY, RuntimeExecutionMode
 from statekit.runtime.datastream import DataStream, ProcessedStream
-from statekit.runtime.job import CollectResult, LocalJob
+from statekit.runtime.job import LocalJob
+from statekit.runtime.outputs import CollectResult
 from statekit.runtime.restart import RestartStrategies, RestartStrategyConfiguration
 from statekit.runtime.timers import wall_clock_ms
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, UPPER_BOUND_MAX_PARALLELISM

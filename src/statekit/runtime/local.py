@@ -2,7 +2,8 @@
 :mod:`statekit.runtime.datastream` and the job in :mod:`statekit.runtime.job`."""
 
 from statekit.runtime.datastream import DataStream, KeyedStream, ProcessedStream
-from statekit.runtime.job import OPERATOR, CollectResult, LocalJob
+from statekit.runtime.job import OPERATOR, LocalJob
+from statekit.runtime.outputs import CollectResult
 
 __all__ = [
     "OPERATOR",
