@@ -24,16 +24,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 #: mutants per backend in the default run (RocksDB reads are slower: each reader downloads and
-#: opens the native checkpoint)
-MUTANTS = {"hashmap": 300, "rocksdb": 200}
+#: opens the native checkpoint); ``make test-slow`` reads five times as many
+MUTANTS = {"hashmap": 120, "rocksdb": 60}
+SLOW_FACTOR = 5
 SECONDS_PER_MUTANT = 10
 MAX_RSS_MIB = 1024
 
 
+@pytest.mark.parametrize("factor", [1, pytest.param(SLOW_FACTOR, marks=pytest.mark.slow)],
+                         ids=["default", "many"])
 @pytest.mark.parametrize("kind", ["hashmap", "rocksdb"])
-def test_every_mutant_reads_exactly_or_fails_typed(kind, tmp_path):
+def test_every_mutant_reads_exactly_or_fails_typed(kind, factor, tmp_path):
     seed = int(os.environ.get("STATEKIT_FUZZ_SEED") or random.randrange(1 << 30))
-    count = int(os.environ.get("STATEKIT_FUZZ_MUTANTS") or MUTANTS[kind])
+    count = int(os.environ.get("STATEKIT_FUZZ_MUTANTS") or MUTANTS[kind] * factor)
     replay = f"replay: STATEKIT_FUZZ_SEED={seed} STATEKIT_FUZZ_MUTANTS={count}"
     try:
         done = subprocess.run(

@@ -78,6 +78,7 @@ def test_spark_page_examples_run(page, tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # three Spark queries per page, 2-3 min: make test-slow (the adapters: tests/spark)
 def test_adapter_pages_examples_run(tmp_path):
     """The three adapter pages' examples, each as written, one after another in one interpreter."""
     code = "\n\n".join("\n".join(python_blocks(page)) for page in ADAPTERS)

@@ -62,6 +62,7 @@ def check(work: Path, logs: list[str], queries: list[str]) -> None:
         assert list((work / "query" / name).glob("statekit/*/*/p00000/chk-*/_metadata")), name
 
 
+@pytest.mark.slow  # 2-4 min of two drivers: make test-slow (the adapters' restart: test_adapters)
 @pytest.mark.timeout(2 * DRIVER_SECONDS + 120)
 def test_stops_and_a_new_driver_resume_every_adapter_exactly(tmp_path):
     """Both backends, each adapter, default settings: a mid-stream stop (ten under ``slow``), then

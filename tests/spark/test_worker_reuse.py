@@ -14,6 +14,7 @@ def spark_no_reuse():
     yield session(**{"spark.python.worker.reuse": "false"})
 
 
+@pytest.mark.slow  # 30-90 s each: make test-slow (the fresh-worker snapshot case below stays)
 @pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state",
                                      "apply_in_pandas_with_state"])
 def test_no_worker_reuse(spark_no_reuse, tmp_path, adapter):
