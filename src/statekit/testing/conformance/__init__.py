@@ -9,7 +9,8 @@ writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed sta
 :class:`SnapshotConformance` (snapshots, restores, rescaling, concurrency) and
 :class:`KeyEnumerationConformance` (counting and enumerating keys, namespaces required); and
 PyFlink's ``test_data_stream.py`` keyed and connected cases: :class:`DataStreamConformance`,
-:class:`ConnectedStreamConformance`.
+:class:`ConnectedStreamConformance`; and PyFlink's ``test_window.py`` keyed cases:
+:class:`WindowConformance`.
 """
 
 from statekit.testing.conformance.backend import (
@@ -30,6 +31,7 @@ from statekit.testing.conformance.operator import OperatorStateConformance
 from statekit.testing.conformance.snapshots import SnapshotConformance
 from statekit.testing.conformance.statekinds import StateKindConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, StorageConformance, make_storage
+from statekit.testing.conformance.windows import WindowConformance
 
 __all__ = [
     "AGG",
@@ -50,5 +52,6 @@ __all__ = [
     "SnapshotConformance",
     "StateKindConformance",
     "StorageConformance",
+    "WindowConformance",
     "make_storage",
 ]
