@@ -155,6 +155,17 @@ def check_value(serializer: TypeSerializer, value: Any, state_name: str) -> None
         raise StateTypeError(problem, state_name)
 
 
+def check_user_key(serializer: TypeSerializer, key: Any, state_name: str) -> None:
+    """:func:`check_value` for a map state's user key, which must also be hashable (a list for
+    a tuple type is one on no backend)."""
+    check_value(serializer, key, state_name)
+    try:
+        hash(key)
+    except TypeError:
+        raise StateTypeError(f"a user key must be hashable, got {type(key).__name__}",
+                             state_name) from None
+
+
 # --- reducing and aggregating state, over any backend's ValueState --------------------------------
 
 

@@ -13,10 +13,21 @@ from statekit.backends.base import NO_KEY
 from statekit.backends.heap.table import HeapTable
 from statekit.errors import StateError
 from statekit.serde.serializers import TypeSerializer
-from statekit.state.api import NULL_LIST, ListState, MapState, ValueState, check_value
+from statekit.state.api import (
+    NULL_LIST,
+    ListState,
+    MapState,
+    ValueState,
+    check_user_key,
+    check_value,
+)
 
 if TYPE_CHECKING:
     from statekit.backends.heap.backend import HeapKeyedStateBackend
+
+
+#: no user key was checked yet (None is a key a check refuses, so it cannot mark that)
+_UNCHECKED: Any = object()
 
 
 class _HeapState:
@@ -188,7 +199,7 @@ class HeapListState(_HeapState, ListState):
 class HeapMapState(_HeapState, MapState):
     """Map state: the table maps each key to a Python dict of user keys."""
 
-    __slots__ = ("_shared_reads", "_ukey", "_ukey_exact")
+    __slots__ = ("_shared_reads", "_ukey", "_ukey_exact", "_ukey_ok")
 
     def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
@@ -196,6 +207,8 @@ class HeapMapState(_HeapState, MapState):
         self._ukey = user_key
         exact, low, _ = user_key.exact_type()
         self._ukey_exact = exact if low is None else None  # bounded keys take the full check
+        #: the user key object checked last (a namespace is put again and again: checked once)
+        self._ukey_ok: Any = _UNCHECKED
         # immutable map values may be handed out without copy-on-write or dirty marking
         self._shared_reads = bool(getattr(element, "immutable", False))
 
@@ -231,8 +244,9 @@ class HeapMapState(_HeapState, MapState):
 
     def put(self, key: Any, value: Any) -> None:
         current = self._key()
-        if type(key) is not self._ukey_exact:
-            check_value(self._ukey, key, self._name)
+        if type(key) is not self._ukey_exact and key is not self._ukey_ok:
+            check_user_key(self._ukey, key, self._name)
+            self._ukey_ok = key
         if value is not None and self._needs_check(value):
             check_value(self._check, value, self._name)
         m = self._live(current)

@@ -16,10 +16,21 @@ from statekit.backends.rocksdb.encoding import SEQ_MAX
 from statekit.errors import StateError
 from statekit.serde.msgpack import packb, unpackb
 from statekit.serde.serializers import TypeSerializer
-from statekit.state.api import NULL_LIST, ListState, MapState, ValueState, check_value
+from statekit.state.api import (
+    NULL_LIST,
+    ListState,
+    MapState,
+    ValueState,
+    check_user_key,
+    check_value,
+)
 
 if TYPE_CHECKING:
     from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+
+#: no user key was used or checked yet (None is a key a check refuses, so it cannot mark that)
+_UNCHECKED: Any = object()
 
 
 class RocksState:
@@ -172,8 +183,8 @@ class RocksDBListState(RocksState, ListState):
 class RocksDBMapState(RocksState, MapState):
     """Map state: one entry per user key under the key's prefix; iteration is a prefix scan."""
 
-    __slots__ = ("_kde", "_kexact", "_khigh", "_klow", "_kser", "_ukey", "_vexact", "_vhigh",
-                 "_vlow")
+    __slots__ = ("_kchecked", "_kde", "_kexact", "_khigh", "_klast", "_klow", "_kser", "_ukey",
+                 "_vexact", "_vhigh", "_vlow")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, cf: Rdict, meta: StateMeta,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
@@ -184,35 +195,47 @@ class RocksDBMapState(RocksState, MapState):
         # user keys and values of exactly these types (within the bounds) need no check call
         self._kexact, self._klow, self._khigh = user_key.exact_type()
         self._vexact, self._vlow, self._vhigh = element.exact_type()
+        # the user key object used last and its bytes, and the one checked last: a namespace
+        # (a map state's user key under namespaced state) is read and put again and again
+        self._klast: tuple[Any, bytes] = (_UNCHECKED, b"")
+        self._kchecked: Any = _UNCHECKED
+
+    def _key_bytes(self, key: Any) -> bytes:
+        last, kb = self._klast
+        if key is not last:
+            kb = self._kser(key)
+            self._klast = (key, kb)
+        return kb
 
     def _value_bytes(self, value: Any) -> bytes:
         return b"" if value is None else self._ser(value)
 
     def get(self, key: Any) -> Any:
-        data = self._get(self._prefix() + self._kser(key))
+        data = self._get(self._prefix() + self._key_bytes(key))
         return None if not data else self._de(data)
 
     def put(self, key: Any, value: Any) -> None:
         prefix = self._b._prefix  # inlined checks: this is the hot path of map writes
         if prefix is None:
             raise self._b.no_key(self._name)
-        if type(key) is not self._kexact or (
-                self._klow is not None and not self._klow <= key <= self._khigh):
-            check_value(self._ukey, key, self._name)
+        if key is not self._kchecked and (type(key) is not self._kexact or (
+                self._klow is not None and not self._klow <= key <= self._khigh)):
+            check_user_key(self._ukey, key, self._name)
+            self._kchecked = key
         if value is None:
-            self._put(prefix + self._kser(key), b"")
+            self._put(prefix + self._key_bytes(key), b"")
             return
         if type(value) is not self._vexact or (
                 self._vlow is not None and not self._vlow <= value <= self._vhigh):
             check_value(self._check, value, self._name)
-        self._put(prefix + self._kser(key), self._ser(value))
+        self._put(prefix + self._key_bytes(key), self._ser(value))
 
     def put_all(self, dict_value: dict[Any, Any]) -> None:
         prefix = self._prefix()
         batch = WriteBatch(raw_mode=True)
         handle = self._handle
         for k, v in dict_value.items():
-            check_value(self._ukey, k, self._name)
+            check_user_key(self._ukey, k, self._name)
             if v is not None:
                 check_value(self._check, v, self._name)
             batch.put(prefix + self._kser(k), self._value_bytes(v), handle)
@@ -220,10 +243,10 @@ class RocksDBMapState(RocksState, MapState):
             self._b._db.write(batch)
 
     def remove(self, key: Any) -> None:
-        self._del(self._prefix() + self._kser(key))
+        self._del(self._prefix() + self._key_bytes(key))
 
     def contains(self, key: Any) -> bool:
-        return self._get(self._prefix() + self._kser(key)) is not None
+        return self._get(self._prefix() + self._key_bytes(key)) is not None
 
     def items(self) -> list[tuple[Any, Any]]:
         prefix = self._prefix()
