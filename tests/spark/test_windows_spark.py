@@ -48,3 +48,56 @@ def test_tumbling_windows_through_foreach_batch(spark, tmp_path):
         assert {b: sorted(rows) for b, rows in sinks[backend].by_batch.items() if rows} == {
             2: [("a", 0, 10 * S, 2), ("b", 0, 10 * S, 1)],
             3: [("a", 10 * S, 20 * S, 1), ("b", 10 * S, 20 * S, 1)]}, backend
+
+
+def test_tumbling_windows_through_transform_with_state(spark, tmp_path):
+    """The same window function through ``transform_with_state`` (event time from Spark's
+    watermark, ``withWatermark("ts", "5 seconds")``): every window fires once, when Spark's
+    watermark passes its end."""
+    from statekit.spark import transform_with_state
+
+    batches = [[("a", 1 * S), ("a", 2 * S), ("b", 3 * S)], [("a", 12 * S), ("b", 15 * S)],
+               [("c", 100 * S)], [("c", 200 * S)]]
+    inputs = str(tmp_path / "in")
+    for n, rows in enumerate(batches):
+        write(inputs, n, rows)
+    sink = Sink()
+    grouped = (spark.readStream.schema("key string, ts timestamp").option("maxFilesPerTrigger", 1)
+               .parquet(inputs).withWatermark("ts", "5 seconds").groupBy("key"))
+    windows = Windows.of(TumblingEventTimeWindows.of(10 * S)).process(CountPerWindow())
+    query = (transform_with_state(grouped, windows, OUTPUT, event_time_column="ts",
+                                  time_mode="EventTime", conf={"state.backend.type": "rocksdb"},
+                                  operator_id="windows-tws")
+             .writeStream.foreachBatch(sink).outputMode("update")
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+    wait_for(lambda: not query.isActive or query.exception(), "the query")
+    query.awaitTermination()
+    assert query.exception() is None
+    fired = [row for rows in sink.by_batch.values() for row in rows]
+    closed = {("a", 0, 10 * S, 2), ("b", 0, 10 * S, 1), ("a", 10 * S, 20 * S, 1),
+              ("b", 10 * S, 20 * S, 1)}
+    assert len(fired) == len(set(fired))  # each window once
+    # c's first window closes only if Spark runs a batch after the last one's watermark (195 s)
+    assert closed <= set(fired) <= closed | {("c", 100 * S, 110 * S, 1)}
+
+
+def test_a_late_data_side_output_is_refused_at_the_adapter_call(spark, tmp_path):
+    """A side output is not a row of a query: a window with ``side_output_late_data`` is refused
+    before the query starts, on every adapter, instead of failing a batch when an element is
+    late."""
+    from statekit import OutputTag
+    from statekit.errors import StateError
+    from statekit.spark import apply_in_pandas_with_state, transform_with_state
+
+    windows = (Windows.of(TumblingEventTimeWindows.of(10 * S))
+               .side_output_late_data(OutputTag("late")).process(CountPerWindow()))
+    source = spark.readStream.schema("key string, ts timestamp").parquet(str(tmp_path))
+    grouped = source.withWatermark("ts", "5 seconds").groupBy("key")
+    calls = [lambda: foreach_batch(windows, "key", OUTPUT, Sink(), event_time_column="ts"),
+             lambda: transform_with_state(grouped, windows, OUTPUT, event_time_column="ts",
+                                          time_mode="EventTime"),
+             lambda: apply_in_pandas_with_state(grouped, windows, OUTPUT, event_time_column="ts",
+                                                timeout_conf="EventTimeTimeout")]
+    for call in calls:
+        with pytest.raises(StateError, match="side_output_late_data"):
+            call()

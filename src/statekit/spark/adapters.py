@@ -19,7 +19,7 @@ from typing import Any
 from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
-from statekit.errors import ConfigError, StatekitError
+from statekit.errors import ConfigError, StateError, StatekitError
 from statekit.runtime.checkpointed import refuse_operator_state
 from statekit.runtime.environment import backend_from_config, storage_from_config
 from statekit.runtime.functions import Function
@@ -146,6 +146,9 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
         raise TypeError("expected a statekit KeyedProcessFunction or VectorizedKeyedFunction, "
                         f"got {type(function).__name__}")
     refuse_operator_state(function, "a Spark adapter")
+    if getattr(function, "late_data_tag", None) is not None:  # a window's side_output_late_data
+        raise StateError("side_output_late_data cannot take effect on Spark: a side output is "
+                         "not a row of the query (leave it out: late elements are dropped)")
     stopping.install()
     reporting.install()
     schema = _struct(spark, output_schema)
