@@ -125,9 +125,12 @@ def test_apply_in_pandas_state_is_the_last_committed_batch(spark, tmp_path):
     run_until_done(spark, "apply_in_pandas_with_state", RunningCount(), str(tmp_path / "in"),
                    checkpoint, Outputs(), {"state.changelog.materialize-every-batches": "4"})
     assert any(i.status == "retained" for i in list_checkpoints(checkpoint))  # snapshots, and
-    lagging = open_checkpoint(checkpoint, snapshots_only=True)  # they are behind the query
-    assert counts(lagging.state("c").to_pandas()) != as_dicts(frame)[0]
     want_c, want_t = as_dicts(frame)
+    # the snapshots alone are never ahead of the query, and usually behind it (whether a
+    # partition's newest snapshot holds the last batch depends on which process ran it)
+    lagging = counts(open_checkpoint(checkpoint, snapshots_only=True).state("c").to_pandas())
+    assert set(lagging) <= set(want_c)
+    assert all(lagging.get(key, 0) <= count for key, count in want_c.items())
     view = open_checkpoint(checkpoint)
     assert (view.info.batch, view.info.committed_batch, view.info.status) == (4, 4, "committed")
     assert counts(view.state("c").to_pandas()) == want_c
