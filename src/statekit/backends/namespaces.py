@@ -33,10 +33,11 @@ class NamespacedStates:
         On the heap backend, adding or removing a key of a state without namespaces while the
         iteration runs is a :class:`ConcurrentModificationError` (Flink's rule); RocksDB iterates
         a consistent view, as both do for namespaced state (its keys are taken first)."""
-        if self._namespaces(state, namespace is not None) is None:
+        carrier = self._namespaces(state, namespace is not None)
+        if carrier is None:
             return self._keys_of(state)
-        pairs = list(self.get_keys_and_namespaces(state))
-        return (key for key, ns in pairs if ns == namespace)
+        return iter([key for key in list(self._keys_of(state))
+                     if self._with_key(key, lambda: carrier.contains(namespace))])
 
     def get_keys_and_namespaces(self, state: str) -> Iterator[tuple[Any, Any]]:
         """(key, namespace) of every key and namespace holding ``state``; the namespace is None
@@ -44,12 +45,9 @@ class NamespacedStates:
         carrier = self._namespaces(state, False)
         if carrier is None:
             keys = self._keys_of(state)
-            if state not in self._states:
-                keys = iter(list(keys))
-                if keys.__length_hint__():  # restored, not registered: namespaced or not?
-                    raise StateError("register the restored state before enumerating its "
-                                     "namespaces (its checkpoint entry is a map either way)",
-                                     state)
+            if state not in self._states and any(True for _ in keys):  # restored, unregistered
+                raise StateError("register the restored state before enumerating its "
+                                 "namespaces (its checkpoint entry is a map either way)", state)
             return ((key, None) for key in keys)
         return iter([(key, ns) for key in list(self._keys_of(state))
                      for ns in self._with_key(key, carrier.keys)])
