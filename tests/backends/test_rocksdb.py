@@ -9,8 +9,8 @@ import time
 import pytest
 from rocksdict import Options
 
-from statekit.backends.base import KV_FORMAT
 from statekit.backends.heap import HashMapStateBackend
+from statekit.backends.kvformat import KV_FORMAT
 from statekit.backends.legacy import FsStateBackend
 from statekit.backends.rocksdb import (
     ROCKSDB_FORMAT,
@@ -19,7 +19,8 @@ from statekit.backends.rocksdb import (
     RocksDBStateBackend,
     open_db,
 )
-from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import BackendLockedError, ConfigError, StateError
 from statekit.registry import backend_registry
 from statekit.serde.keygroups import KeyGroupRange
@@ -287,7 +288,7 @@ def test_discarding_retained_checkpoints_keeps_referenced_shared_files(tmp_path)
 
 
 def _paths(body):
-    from statekit.checkpoint.streams import file_paths
+    from statekit.checkpoint.handles import file_paths
 
     return file_paths(body)
 

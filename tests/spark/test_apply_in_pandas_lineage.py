@@ -20,7 +20,7 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import CorruptCheckpointError
 from statekit.spark import apply_in_pandas as aip
 from statekit.spark.task import AdapterSpec, TaskInfo

@@ -26,7 +26,6 @@ from statekit.backends.heap.table import Capture, dict_reader
 from statekit.backends.kvformat import (
     PACE_SLICE,
     KvStateData,
-    check_states,
     group_entries,
     handle_header,
     indexed_blob,
@@ -35,6 +34,7 @@ from statekit.backends.kvformat import (
     reader_parts,
     write_plain_entry,
 )
+from statekit.backends.kvschema import check_states
 from statekit.checkpoint import schema
 from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams

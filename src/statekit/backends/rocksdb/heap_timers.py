@@ -18,7 +18,6 @@ from rocksdict import WriteBatch
 
 from statekit.backends.heap.table import Capture, HeapTable
 from statekit.backends.kvformat import (
-    check_states,
     group_entries,
     plain_in_range,
     read_plain_entry,
@@ -26,6 +25,7 @@ from statekit.backends.kvformat import (
     write_kv_state,
     write_plain_entry,
 )
+from statekit.backends.kvschema import check_states
 from statekit.backends.rocksdb.encoding import KG_END
 from statekit.backends.rocksdb.timers import index_name, ts8
 from statekit.backends.timers import (

@@ -18,14 +18,8 @@ from typing import TYPE_CHECKING, Any
 from rocksdict import Checkpoint, Options, WriteBatch
 
 from statekit.backends.base import SnapshotRun, StateMeta
-from statekit.backends.kvformat import (
-    KvStateData,
-    check_kind,
-    check_state_count,
-    handle_header,
-    kv_handle,
-    write_kv_state,
-)
+from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
+from statekit.backends.kvschema import check_kind, check_state_count
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
 from statekit.backends.rocksdb.heap_timers import check_heap_timers
