@@ -90,7 +90,9 @@ class _HeapState:
             table.data[key] = value
 
     def clear(self) -> None:
-        key = self._key()
+        self._clear(self._key())
+
+    def _clear(self, key: Any) -> None:
         table = self._t
         if table.watch:
             table.remove(key)
@@ -178,6 +180,10 @@ class HeapListState(_HeapState, ListState):
         if not values:
             return
         self._check_all(values)
+        self._append(key, values)
+
+    def _append(self, key: Any, values: list[Any]) -> None:
+        """Append checked ``values`` (not empty, owned by the state from now on) to ``key``'s list."""
         lst = self._live(key)
         if lst is None:
             self._put(key, values)
@@ -194,6 +200,18 @@ class HeapListState(_HeapState, ListState):
             self._put(key, values)
         else:
             self.clear()
+
+    # bulk access (statekit.backends.bulk.BulkState): keys and elements are checked there
+
+    def bulk_get(self, keys: list[Any]) -> list[list[Any]]:
+        live = self._live
+        return [live(key) or [] for key in keys]
+
+    def bulk_append(self, keys: list[Any], lists: list[list[Any]]) -> None:
+        append = self._append
+        for key, values in zip(keys, lists, strict=True):
+            if values:
+                append(key, values)
 
 
 class HeapMapState(_HeapState, MapState):
@@ -260,12 +278,15 @@ class HeapMapState(_HeapState, MapState):
             self.put(k, v)
 
     def remove(self, key: Any) -> None:
-        current = self._key()
+        self._remove(self._key(), (key,))
+
+    def _remove(self, current: Any, user_keys: Iterable[Any]) -> None:
         m = self._live(current)
         if m is not None:
-            m.pop(key, None)
+            for key in user_keys:
+                m.pop(key, None)
             if not m:
-                self.clear()
+                self._clear(current)
 
     def contains(self, key: Any) -> bool:
         m = self._peek()
@@ -285,3 +306,31 @@ class HeapMapState(_HeapState, MapState):
 
     def is_empty(self) -> bool:
         return not self._peek()
+
+    # bulk access (statekit.backends.bulk.BulkState): keys, user keys and values are checked there
+
+    def bulk_get_entries(self, keys: list[Any], user_keys: list[Any]) -> list[Any]:
+        read = self._live if self._t.watch and not self._shared_reads else self._get
+        out = []
+        for key, user_key in zip(keys, user_keys, strict=True):
+            m = read(key)
+            out.append(None if m is None else m.get(user_key))
+        return out
+
+    def bulk_items(self, keys: list[Any]) -> list[dict[Any, Any]]:
+        read = self._live if self._t.watch and not self._shared_reads else self._get
+        return [dict(read(key) or {}) for key in keys]
+
+    def bulk_put_entries(self, keys: list[Any], entries: list[dict[Any, Any]]) -> None:
+        live, put = self._live, self._put
+        for key, new in zip(keys, entries, strict=True):
+            m = live(key)
+            if m is None:
+                put(key, dict(new))
+            else:
+                m.update(new)
+
+    def bulk_remove_entries(self, keys: list[Any], user_keys: list[list[Any]]) -> None:
+        remove = self._remove
+        for key, group in zip(keys, user_keys, strict=True):
+            remove(key, group)

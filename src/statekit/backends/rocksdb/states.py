@@ -64,9 +64,11 @@ class RocksState:
             raise self._b.no_key(self._name)
         return prefix
 
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) of every entry under ``prefix``, in key order."""
-        it = self._cf.iter()
+    def _scan(self, prefix: bytes, it: Any = None) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) of every entry under ``prefix``, in key order (``it``: an iterator of the
+        column family to reuse)."""
+        if it is None:
+            it = self._cf.iter()
         it.seek(prefix)
         while it.valid():
             key = it.key()
@@ -122,8 +124,9 @@ class RocksDBListState(RocksState, ListState):
 
     __slots__ = ()
 
-    def _next_seq(self, prefix: bytes) -> int:
-        it = self._cf.iter()
+    def _next_seq(self, prefix: bytes, it: Any = None) -> int:
+        if it is None:
+            it = self._cf.iter()
         it.seek_for_prev(prefix + SEQ_MAX)
         if it.valid():
             key = it.key()
@@ -178,6 +181,21 @@ class RocksDBListState(RocksState, ListState):
 
     def clear(self) -> None:
         self._delete_prefix(self._prefix())
+
+    # bulk access (statekit.backends.bulk.BulkState): keys and elements are checked there
+
+    def bulk_get(self, keys: list[Any]) -> list[list[Any]]:
+        de, it = self._de, self._cf.iter()
+        return [[de(v) for _, v in self._scan(prefix, it)] for prefix in self._b._prefixes(keys)]
+
+    def bulk_append(self, keys: list[Any], lists: list[list[Any]]) -> None:
+        """One write batch; each key's next sequence number read through one iterator."""
+        batch, it = WriteBatch(raw_mode=True), self._cf.iter()
+        for prefix, values in zip(self._b._prefixes(keys), lists, strict=True):
+            if values:
+                self._append(batch, prefix, self._next_seq(prefix, it), values)
+        if len(batch):
+            self._b._db.write(batch)
 
 
 class RocksDBMapState(RocksState, MapState):
@@ -276,3 +294,39 @@ class RocksDBMapState(RocksState, MapState):
 
     def clear(self) -> None:
         self._delete_prefix(self._prefix())
+
+    # bulk access (statekit.backends.bulk.BulkState): keys, user keys and values are checked there
+
+    def bulk_get_entries(self, keys: list[Any], user_keys: list[Any]) -> list[Any]:
+        """One multi-get."""
+        kser, de = self._kser, self._de
+        found = self._cf.get([prefix + kser(user_key) for prefix, user_key
+                              in zip(self._b._prefixes(keys), user_keys, strict=True)])
+        return [None if not data else de(data) for data in found]
+
+    def bulk_items(self, keys: list[Any]) -> list[dict[Any, Any]]:
+        kde, de, it = self._kde, self._de, self._cf.iter()
+        out = []
+        for prefix in self._b._prefixes(keys):
+            n = len(prefix)
+            out.append({kde(k[n:]): de(v) if v else None for k, v in self._scan(prefix, it)})
+        return out
+
+    def bulk_put_entries(self, keys: list[Any], entries: list[dict[Any, Any]]) -> None:
+        """One write batch."""
+        batch, handle, kser, value = WriteBatch(raw_mode=True), self._handle, self._kser, \
+            self._value_bytes
+        for prefix, new in zip(self._b._prefixes(keys), entries, strict=True):
+            for user_key, v in new.items():
+                batch.put(prefix + kser(user_key), value(v), handle)
+        if len(batch):
+            self._b._db.write(batch)
+
+    def bulk_remove_entries(self, keys: list[Any], user_keys: list[list[Any]]) -> None:
+        """One write batch."""
+        batch, handle, kser = WriteBatch(raw_mode=True), self._handle, self._kser
+        for prefix, group in zip(self._b._prefixes(keys), user_keys, strict=True):
+            for user_key in group:
+                batch.delete(prefix + kser(user_key), handle)
+        if len(batch):
+            self._b._db.write(batch)
