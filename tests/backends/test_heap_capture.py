@@ -300,10 +300,10 @@ def test_bulk_list_and_map_access_during_a_pending_capture() -> None:
     bulk.put_entries(MAP, [1, 2], ["a", "b"], [1, 2])
     acc = access()
     run = backend.snapshot(1, acc.streams(1, "t"))
-    bulk.add(LIST, [1, 3], [12, 30])  # an in-place append, then a new key (staged)
+    bulk.add(LIST, [1, 3, 3], [12, 30, 31])  # an in-place append, then a new key (staged)
     bulk.put_entries(MAP, [1, 3], ["x", "c"], [9, 3])
     bulk.remove_entries(MAP, [2], ["b"])  # the map empties: removed
-    assert bulk.get(LIST, [1, 2, 3]) == [[10, 11, 12], [20], [30]]
+    assert bulk.get(LIST, [1, 2, 3]) == [[10, 11, 12], [20], [30, 31]]
     assert bulk.get_entries(MAP, [1, 1, 2, 3], ["a", "x", "b", "c"]) == [1, 9, None, 3]
     got = restored(acc, run.run(), range(4))
     assert got["l"] == {1: [10, 11], 2: [20]}

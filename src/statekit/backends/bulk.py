@@ -3,9 +3,10 @@
 Value, list and map states.  Every argument is checked first (the keys' type, every list element
 and map entry against the descriptor's types), so a call that raises has written nothing.  A
 backend's state may then offer a fast path (``bulk_get``, ``bulk_append``, ... on its value, list
-or map state class: one multi-get, one write batch, no key switch per key); a state wrapped by
+or map state class: one multi-get or one write batch, no state call per key); a state wrapped by
 TTL, size limits or a state interceptor (change recording) has none, and each key is visited
-through the regular state API, which applies those layers.
+through the regular state API, which applies those layers.  Either way the (key, ...) pairs are
+taken in order, and a key may come many times.
 """
 
 from __future__ import annotations
@@ -166,11 +167,10 @@ class BulkState:
     def add(self, descriptor: StateDescriptor, keys: Sequence[Any], values: Sequence[Any]) -> None:
         """Append ``values[i]`` to the list of ``keys[i]`` (a key may come many times: its
         elements are appended in order), e.g. one element per row of a batch."""
-        self._check(descriptor, StateKind.LIST)
+        state = self._state(descriptor, StateKind.LIST)
         keys = self._keys(keys, values)
         self._check_elements(descriptor, values)
-        distinct, lists = _grouped(keys, values)
-        self._append(descriptor, distinct, lists)
+        self._run(state, "bulk_add", keys, state.add, list(values))
 
     def add_all(self, descriptor: StateDescriptor, keys: Sequence[Any],
                 values: Sequence[Sequence[Any]]) -> None:
@@ -178,12 +178,12 @@ class BulkState:
         key; None is a StateError, as there)."""
         self._check(descriptor, StateKind.LIST)
         keys = self._keys(keys, values)
-        lists = [self._elements(descriptor, v) for v in values]
-        distinct, grouped = _grouped(keys, lists)
-        self._append(descriptor, distinct, [[x for part in g for x in part] for g in grouped])
+        self._append(descriptor, keys, [self._elements(descriptor, v) for v in values])
 
     def _append(self, descriptor: StateDescriptor, keys: list[Any], lists: list[list[Any]]
                 ) -> None:
+        """Append ``lists[i]`` (checked, owned by the state from now on) to ``keys[i]``'s list,
+        in order (a key may repeat)."""
         state = self._state(descriptor, StateKind.LIST)
         self._run(state, "bulk_append", keys, state.add_all, lists)
 
@@ -233,18 +233,14 @@ class BulkState:
             for value in values:
                 if value is not None:
                     check_value(value_type, value, name)
-        distinct, groups = _grouped(keys, list(zip(user_keys, values, strict=True)))
-        self._run(state, "bulk_put_entries", distinct, state.put_all,
-                  [dict(group) for group in groups])
+        self._run(state, "bulk_put_entries", keys, state.put, list(user_keys), list(values))
 
     def remove_entries(self, descriptor: StateDescriptor, keys: Sequence[Any],
                        user_keys: Sequence[Any]) -> None:
         """Remove ``user_keys[i]`` from the map of ``keys[i]`` (an absent one is no error)."""
         state = self._state(descriptor, StateKind.MAP)
         keys = self._keys(keys, user_keys)
-        distinct, groups = _grouped(keys, list(user_keys))
-        self._run(state, "bulk_remove_entries", distinct,
-                  lambda group: [state.remove(u) for u in group], groups)
+        self._run(state, "bulk_remove_entries", keys, state.remove, list(user_keys))
 
     def _entries(self, descriptor: StateDescriptor, entries: Any) -> dict[Any, Any]:
         if not isinstance(entries, dict):
@@ -263,18 +259,6 @@ def _replace_map(state: Any, entries: dict[Any, Any]) -> None:
     state.clear()
     if entries:
         state.put_all(entries)
-
-
-def _grouped(keys: list[Any], items: Sequence[Any]) -> tuple[list[Any], list[list[Any]]]:
-    """The distinct keys in first-seen order, and the items of each, in order."""
-    groups: dict[Any, list[Any]] = {}
-    for key, item in zip(keys, items, strict=True):
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [item]
-        else:
-            group.append(item)
-    return list(groups), list(groups.values())
 
 
 def _all_exact(serializer: TypeSerializer, values: Sequence[Any]) -> bool:

@@ -201,17 +201,45 @@ class HeapListState(_HeapState, ListState):
         else:
             self.clear()
 
-    # bulk access (statekit.backends.bulk.BulkState): keys and elements are checked there
+    # bulk access (statekit.backends.bulk.BulkState): keys and elements are checked there; the
+    # table's dict directly unless it is watched (a snapshot pending, or incremental)
 
     def bulk_get(self, keys: list[Any]) -> list[list[Any]]:
-        live = self._live
-        return [live(key) or [] for key in keys]
+        if self._t.watch:
+            live = self._live
+            return [live(key) or [] for key in keys]
+        get = self._t.data.get
+        return [get(key) or [] for key in keys]
+
+    def bulk_add(self, keys: list[Any], values: list[Any]) -> None:
+        if self._t.watch:
+            self.bulk_append(keys, [[v] for v in values])
+            return
+        data = self._t.data
+        get = data.get
+        for key, value in zip(keys, values, strict=True):
+            lst = get(key)
+            if lst is None:
+                data[key] = [value]
+            else:
+                lst.append(value)
 
     def bulk_append(self, keys: list[Any], lists: list[list[Any]]) -> None:
-        append = self._append
+        if self._t.watch:
+            append = self._append
+            for key, values in zip(keys, lists, strict=True):
+                if values:
+                    append(key, values)
+            return
+        data = self._t.data
+        get = data.get
         for key, values in zip(keys, lists, strict=True):
             if values:
-                append(key, values)
+                lst = get(key)
+                if lst is None:
+                    data[key] = values
+                else:
+                    lst.extend(values)
 
 
 class HeapMapState(_HeapState, MapState):
@@ -311,6 +339,10 @@ class HeapMapState(_HeapState, MapState):
 
     def bulk_get_entries(self, keys: list[Any], user_keys: list[Any]) -> list[Any]:
         read = self._live if self._t.watch and not self._shared_reads else self._get
+        if not self._t.watch:
+            get = self._t.data.get
+            return [None if (m := get(key)) is None else m.get(user_key)
+                    for key, user_key in zip(keys, user_keys, strict=True)]
         out = []
         for key, user_key in zip(keys, user_keys, strict=True):
             m = read(key)
@@ -321,16 +353,20 @@ class HeapMapState(_HeapState, MapState):
         read = self._live if self._t.watch and not self._shared_reads else self._get
         return [dict(read(key) or {}) for key in keys]
 
-    def bulk_put_entries(self, keys: list[Any], entries: list[dict[Any, Any]]) -> None:
-        live, put = self._live, self._put
-        for key, new in zip(keys, entries, strict=True):
+    def bulk_put_entries(self, keys: list[Any], user_keys: list[Any], values: list[Any]) -> None:
+        if self._t.watch:
+            live, put = self._live, self._put
+        else:
+            data = self._t.data
+            live, put = data.get, data.__setitem__
+        for key, user_key, value in zip(keys, user_keys, values, strict=True):
             m = live(key)
             if m is None:
-                put(key, dict(new))
+                put(key, {user_key: value})
             else:
-                m.update(new)
+                m[user_key] = value
 
-    def bulk_remove_entries(self, keys: list[Any], user_keys: list[list[Any]]) -> None:
+    def bulk_remove_entries(self, keys: list[Any], user_keys: list[Any]) -> None:
         remove = self._remove
-        for key, group in zip(keys, user_keys, strict=True):
-            remove(key, group)
+        for key, user_key in zip(keys, user_keys, strict=True):
+            remove(key, (user_key,))

@@ -188,12 +188,19 @@ class RocksDBListState(RocksState, ListState):
         de, it = self._de, self._cf.iter()
         return [[de(v) for _, v in self._scan(prefix, it)] for prefix in self._b._prefixes(keys)]
 
+    def bulk_add(self, keys: list[Any], values: list[Any]) -> None:
+        self.bulk_append(keys, [[v] for v in values])
+
     def bulk_append(self, keys: list[Any], lists: list[list[Any]]) -> None:
         """One write batch; each key's next sequence number read through one iterator."""
-        batch, it = WriteBatch(raw_mode=True), self._cf.iter()
+        batch, it, following = WriteBatch(raw_mode=True), self._cf.iter(), {}
         for prefix, values in zip(self._b._prefixes(keys), lists, strict=True):
             if values:
-                self._append(batch, prefix, self._next_seq(prefix, it), values)
+                seq = following.get(prefix)
+                if seq is None:  # the key's first append of the call
+                    seq = self._next_seq(prefix, it)
+                self._append(batch, prefix, seq, values)
+                following[prefix] = seq + len(values)
         if len(batch):
             self._b._db.write(batch)
 
@@ -299,8 +306,8 @@ class RocksDBMapState(RocksState, MapState):
 
     def bulk_get_entries(self, keys: list[Any], user_keys: list[Any]) -> list[Any]:
         """One multi-get."""
-        kser, de = self._kser, self._de
-        found = self._cf.get([prefix + kser(user_key) for prefix, user_key
+        kb, de = self._key_bytes, self._de
+        found = self._cf.get([prefix + kb(user_key) for prefix, user_key
                               in zip(self._b._prefixes(keys), user_keys, strict=True)])
         return [None if not data else de(data) for data in found]
 
@@ -312,21 +319,19 @@ class RocksDBMapState(RocksState, MapState):
             out.append({kde(k[n:]): de(v) if v else None for k, v in self._scan(prefix, it)})
         return out
 
-    def bulk_put_entries(self, keys: list[Any], entries: list[dict[Any, Any]]) -> None:
-        """One write batch."""
-        batch, handle, kser, value = WriteBatch(raw_mode=True), self._handle, self._kser, \
+    def bulk_put_entries(self, keys: list[Any], user_keys: list[Any], values: list[Any]) -> None:
+        """One write batch (applied in order: a pair given twice keeps its last value)."""
+        batch, handle, kb, value = WriteBatch(raw_mode=True), self._handle, self._key_bytes, \
             self._value_bytes
-        for prefix, new in zip(self._b._prefixes(keys), entries, strict=True):
-            for user_key, v in new.items():
-                batch.put(prefix + kser(user_key), value(v), handle)
+        for prefix, user_key, v in zip(self._b._prefixes(keys), user_keys, values, strict=True):
+            batch.put(prefix + kb(user_key), value(v), handle)
         if len(batch):
             self._b._db.write(batch)
 
-    def bulk_remove_entries(self, keys: list[Any], user_keys: list[list[Any]]) -> None:
+    def bulk_remove_entries(self, keys: list[Any], user_keys: list[Any]) -> None:
         """One write batch."""
-        batch, handle, kser = WriteBatch(raw_mode=True), self._handle, self._kser
-        for prefix, group in zip(self._b._prefixes(keys), user_keys, strict=True):
-            for user_key in group:
-                batch.delete(prefix + kser(user_key), handle)
+        batch, handle, kb = WriteBatch(raw_mode=True), self._handle, self._key_bytes
+        for prefix, user_key in zip(self._b._prefixes(keys), user_keys, strict=True):
+            batch.delete(prefix + kb(user_key), handle)
         if len(batch):
             self._b._db.write(batch)
