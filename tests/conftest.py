@@ -53,6 +53,7 @@ def pytest_sessionfinish(session, exitstatus):
     left = sorted(p.name for p in _TMP.iterdir() if not p.name.startswith("pytest-of-")
                   and not (p.name == "statekit-rocksdb" and not any(p.iterdir())))
     shutil.rmtree(_TMP, ignore_errors=True)
+    shutil.rmtree(f"/dev/shm/{_TMP.name}", ignore_errors=True)  # tests.tmpfs.rocksdb_dir()
     Path(f"{_TMP}.lock").unlink(missing_ok=True)
     os.close(_LOCK_FD)
     worker_output = getattr(session.config, "workeroutput", None)
