@@ -42,12 +42,17 @@ def test_bulk_matches_single_access(backend):
         bulk.get(ReducingStateDescriptor("r", lambda a, b: a + b, Types.LONG()), keys)
 
 
-def test_size_limits_apply_to_bulk_list_and_map_writes(backend):
-    """A size-limited state has no fast path: each key goes through the limits."""
+def test_size_limits_apply_to_bulk_writes(backend):
+    """A size-limited state has no fast path: each key goes through the limits (the heap's
+    value-state fast path wrote a value over the limit)."""
     backend.set_size_limits(max_value_size=64)
     bulk = BulkState(backend)
     lst, mp = ListStateDescriptor("l", Types.STRING()), MapStateDescriptor("m", Types.STRING(),
                                                                            Types.STRING())
+    value = ValueStateDescriptor("v", Types.STRING())
+    with pytest.raises(StateSizeError, match="'v'"):
+        bulk.put(value, ["a"], ["x" * 100])
+    assert bulk.get(value, ["a"]) == [None]
     with pytest.raises(StateSizeError, match="'l'"):
         bulk.add(lst, ["a"], ["x" * 100])
     with pytest.raises(StateSizeError, match="'m'"):

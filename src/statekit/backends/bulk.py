@@ -20,6 +20,7 @@ from statekit.errors import StateError, StateTypeError
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import NULL_LIST, check_user_key, check_value
 from statekit.state.descriptors import StateDescriptor, StateKind
+from statekit.state.limits import LimitedValueState
 
 _NONE_ELEMENT = "cannot add None to a list state"
 
@@ -63,7 +64,11 @@ class BulkState:
         return cached[1], cached[2]
 
     def _fast(self, name: str, descriptor: StateDescriptor) -> Any:
+        """The backend's value-state fast path, unless a layer must see each key (TTL, change
+        recording, size limits)."""
         if descriptor.ttl_config is not None or self.backend.state_interceptor is not None:
+            return None
+        if isinstance(self.backend.get_partitioned_state(descriptor), LimitedValueState):
             return None
         return getattr(self.backend, name, None)
 
@@ -176,15 +181,9 @@ class BulkState:
                 values: Sequence[Sequence[Any]]) -> None:
         """Append the list ``values[i]`` to the list of ``keys[i]`` (ListState.add_all per
         key; None is a StateError, as there)."""
-        self._check(descriptor, StateKind.LIST)
-        keys = self._keys(keys, values)
-        self._append(descriptor, keys, [self._elements(descriptor, v) for v in values])
-
-    def _append(self, descriptor: StateDescriptor, keys: list[Any], lists: list[list[Any]]
-                ) -> None:
-        """Append ``lists[i]`` (checked, owned by the state from now on) to ``keys[i]``'s list,
-        in order (a key may repeat)."""
         state = self._state(descriptor, StateKind.LIST)
+        keys = self._keys(keys, values)
+        lists = [self._elements(descriptor, v) for v in values]  # copies: the state owns them
         self._run(state, "bulk_append", keys, state.add_all, lists)
 
     def _elements(self, descriptor: StateDescriptor, values: Any) -> list[Any]:

@@ -306,13 +306,12 @@ class HeapMapState(_HeapState, MapState):
             self.put(k, v)
 
     def remove(self, key: Any) -> None:
-        self._remove(self._key(), (key,))
+        self._remove(self._key(), key)
 
-    def _remove(self, current: Any, user_keys: Iterable[Any]) -> None:
+    def _remove(self, current: Any, key: Any) -> None:
         m = self._live(current)
         if m is not None:
-            for key in user_keys:
-                m.pop(key, None)
+            m.pop(key, None)
             if not m:
                 self._clear(current)
 
@@ -369,4 +368,4 @@ class HeapMapState(_HeapState, MapState):
     def bulk_remove_entries(self, keys: list[Any], user_keys: list[Any]) -> None:
         remove = self._remove
         for key, user_key in zip(keys, user_keys, strict=True):
-            remove(key, (user_key,))
+            remove(key, user_key)
