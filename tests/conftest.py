@@ -24,6 +24,9 @@ _LOCK_FD = os.open(_pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 
 fcntl.flock(_LOCK_FD, fcntl.LOCK_EX)
 os.replace(_pending, f"{_TMP}.lock")
 workdirs.sweep(_BASE, "statekit-tests-")
+for _shm in Path("/dev/shm").glob("statekit-tests-*"):  # tests.tmpfs dirs of ended sessions
+    if not Path(_BASE, f"{_shm.name}.lock").exists():
+        shutil.rmtree(_shm, ignore_errors=True)
 os.environ["TMPDIR"] = str(_TMP)
 tempfile.tempdir = str(_TMP)
 
