@@ -11,6 +11,7 @@ from statekit.errors import CheckpointNotFoundError, ConfigError, ConfigTypeErro
 from statekit.spark.compat import disable, enable, import_state
 from statekit.spark.compat.bridge import PROVIDER_KEY
 from tests.spark.compat import import_jobs as jobs
+from tests.spark.compat.conftest import BACKENDS
 
 pytestmark = pytest.mark.spark
 
@@ -32,29 +33,35 @@ def import_args(api):
 
 
 @pytest.mark.parametrize("api", ["pandas", "apply"])
-def test_switched_query_continues_from_imported_state(spark, backend, tmp_path, api):
+def test_switched_query_continues_from_imported_state(spark, tmp_path, api):
     # the reference: natively over all ten batches
     native(spark, api)
     jobs.write_batches(tmp_path / "all", range(10))
     expected = jobs.run(spark, api, str(tmp_path / "all"), str(tmp_path / "reference"))
-    # five batches natively, stopped
+    # five batches natively, stopped; then imported into each backend
     jobs.write_batches(tmp_path / "in", range(5))
     first = jobs.run(spark, api, str(tmp_path / "in"), str(tmp_path / "native"))
     args, kwargs = import_args(api)
-    result = import_state(spark, str(tmp_path / "native"), str(tmp_path / "moved"), *args,
-                          **kwargs)
-    assert result.batch_id >= 4 and result.keys == 6 and result.backend == backend
-    # the same code, switched, from the new location over five more batches
-    enable(spark)
-    jobs.write_batches(tmp_path / "in", range(5, 10))
-    rest = jobs.run(spark, api, str(tmp_path / "in"), str(tmp_path / "moved"))
-    assert sorted(first + rest) == sorted(expected)
-    assert any(row[1] == -1 and row[0] == "k4" for row in rest)  # imported timer fired
-    moved = os.listdir(tmp_path / "moved" / "statekit")
-    assert moved == [result.query_id]
+    try:
+        for backend in BACKENDS:
+            native(spark, api)
+            spark.conf.set("spark.statekit.state.backend.type", backend)
+            moved = tmp_path / f"moved-{backend}"
+            result = import_state(spark, str(tmp_path / "native"), str(moved), *args, **kwargs)
+            assert result.keys == 6 and result.backend == backend and result.timers in (0, 6)
+            assert os.listdir(moved / "statekit") == [result.query_id]
+            # the same code, switched, from the new location over five more batches
+            enable(spark)
+            jobs.write_batches(tmp_path / "in", range(5, 10))
+            rest = jobs.run(spark, api, str(tmp_path / "in"), str(moved))
+            assert sorted(first + rest) == sorted(expected), backend
+            assert ("k4", -1) in {row[:2] for row in rest}  # its imported timer fired
+    finally:
+        disable(spark)
+        spark.conf.unset("spark.statekit.state.backend.type")
 
 
-def test_refusals(spark, backend, tmp_path):
+def test_refusals(spark, tmp_path):
     native(spark, "pandas")
     with pytest.raises(CheckpointNotFoundError, match="no committed batch"):
         import_state(spark, str(tmp_path / "nothing"), str(tmp_path / "t0"), jobs.Sessions())
