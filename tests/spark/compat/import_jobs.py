@@ -103,9 +103,14 @@ def run(spark, api, directory, checkpoint):
     grouped = events(spark, directory).groupBy("user")
     if api == "pandas":
         df = grouped.transformWithStateInPandas(Sessions(), OUTPUT, "Update", "EventTime")
-    else:
+    elif api == "apply":
         df = grouped.applyInPandasWithState(visits, OUTPUT, VISITS_STATE, "update",
                                             GroupStateTimeout.EventTimeTimeout)
+    elif api == "pandas-light":
+        df = grouped.transformWithStateInPandas(Counts(), OUTPUT, "Update", "EventTime")
+    else:
+        df = grouped.applyInPandasWithState(count_visits, OUTPUT, "n long", "update",
+                                            GroupStateTimeout.NoTimeout)
     query = (df.writeStream.outputMode("update")
              .foreachBatch(lambda frame, _: out.extend(tuple(r) for r in frame.collect()))
              .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
@@ -117,3 +122,41 @@ def copy_files(src, dst):
     os.makedirs(dst, exist_ok=True)
     for name in sorted(os.listdir(src)):
         shutil.copy(f"{src}/{name}", dst)
+
+
+class Counts(StatefulProcessor):
+    """A light per-key processor for many keys: events so far and an event-time timer."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = (self.count.get() or (0,))[0] + sum(len(pdf) for pdf in rows)
+        self.count.update((n,))
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        self.handle.registerTimer(timerValues.getCurrentWatermarkInMs() + 10 * GAP_MS)
+        yield pd.DataFrame({"user": [key[0]], "n": [n], "items": [n], "total": [0]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        self.count.clear()
+        yield pd.DataFrame({"user": [key[0]], "n": [-1], "items": [0], "total": [0]})
+
+
+def count_visits(key, pdf_iter, state):
+    """The light function for many keys."""
+    n = (state.getOption or (0,))[0] + sum(len(pdf) for pdf in pdf_iter)
+    state.update((n,))
+    yield pd.DataFrame({"user": [key[0]], "n": [n], "items": [n], "total": [0]})
+
+
+def many_keys(keys):
+    """Batches 0-4 bring ``keys / 5`` new users each; batches 5-9 revisit every fifth user."""
+    def frame(batch):
+        step = keys // 5
+        users = range(batch * step, (batch + 1) * step) if batch < 5 else range(batch % 5, keys, 5)
+        out = pd.DataFrame({"user": [f"u{u}" for u in users], "kind": "a"})
+        out["ts"] = pd.Timestamp(batch * 10_000 + 1_000, unit="ms").as_unit("us")  # past 0
+        return out
+    return frame

@@ -245,7 +245,8 @@ def _plan_function(spark: Any, source: str, committed: int, operator: int, parti
     if _types(struct) != _types(stored):
         raise StateTypeError(f"the source's state is {stored.simpleString()}, the function's "
                              f"stateStructType {struct.simpleString()}", "groupState")
-    if timeout == "NoTimeout":
+    timed_keys = "timeoutTimestamp" in df.schema["value"].dataType.fieldNames()
+    if timeout == "NoTimeout" and timed_keys:
         timed = df.where(f"value.timeoutTimestamp != {NO_TIMESTAMP}").limit(1).count()
         if timed:
             raise ConfigError("timeoutConf", "NoTimeout, but the source's keys have timeouts "
@@ -362,7 +363,9 @@ def _write_state(spark: Any, plan: _Plan, spec: AdapterSpec, query_id: str, comm
                         timers += 1
                     elif name == "groupState":
                         value = row.value
-                        function.restore(value.groupState, int(value.timeoutTimestamp))
+                        timeout = value["timeoutTimestamp"] if len(value) > 1 else None
+                        function.restore(value.groupState,
+                                         NO_TIMESTAMP if timeout is None else int(timeout))
                         entries += 1
                     else:
                         entries += _put(function.handle.variables[name], task, row,

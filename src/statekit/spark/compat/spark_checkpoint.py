@@ -27,8 +27,9 @@ from statekit.errors import CheckpointError
 from statekit.spark.compat.bridge import PROVIDER_KEY
 from statekit.spark.session import ROCKSDB_PROVIDER
 
-#: what Spark's own checkpoint holds besides state, copied as it is (metadata: the query id)
-COPIED = ("metadata", "sources/")
+#: what Spark's own checkpoint holds besides state, copied as it is (the metadata, naming the
+#: query id, last: without it Spark does not take the location for a query's)
+COPIED = ("sources/", "metadata")
 PRIME_TIMEOUT_S = 300.0
 #: the event-time column of the priming run (a watermark, for operators in event time)
 PRIME_TIME = "__statekit_import_time"
