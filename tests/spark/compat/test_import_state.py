@@ -133,7 +133,7 @@ def test_command_line(spark, tmp_path):
     done = CliRunner().invoke(main, command)
     assert done.exit_code == 0, done.output
     written = json.loads(done.output[done.output.index("{"):])
-    assert written["keys"] == 6 and written["backend"] == "rocksdb" and written["batch_id"] == 1
+    assert written["keys"] == 6 and written["backend"] == "rocksdb" and written["batch_id"] >= 1
     assert os.path.isdir(tmp_path / "moved" / "statekit" / written["query_id"] / "Sessions")
     again = CliRunner().invoke(main, command)  # the target holds a checkpoint now
     assert again.exit_code == 1 and "already holds" in again.output
