@@ -26,7 +26,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from statekit import config as cfg
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
-from statekit.checkpoint.storage import JobManagerCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import CheckpointNotFoundError, ConfigError, ConfigTypeError, StateTypeError
 from statekit.inspection.committed import last_committed
 from statekit.runtime.environment import backend_from_config, storage_from_config
