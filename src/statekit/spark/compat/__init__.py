@@ -7,6 +7,7 @@ imported); the drop-in functions take Spark's arguments with the grouped data fi
 """
 
 from statekit.spark.compat.group_state import apply_in_pandas_with_state
+from statekit.spark.compat.importer import ImportResult, import_state
 from statekit.spark.compat.processor import transform_with_state, transform_with_state_in_pandas
 from statekit.spark.compat.switch import ENABLED_KEY, disable, enable, enabled, install, uninstall
 
@@ -14,10 +15,12 @@ install()  # inert until a session sets spark.statekit.compat.enabled
 
 __all__ = [
     "ENABLED_KEY",
+    "ImportResult",
     "apply_in_pandas_with_state",
     "disable",
     "enable",
     "enabled",
+    "import_state",
     "install",
     "transform_with_state",
     "transform_with_state_in_pandas",

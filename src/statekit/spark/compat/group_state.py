@@ -121,6 +121,15 @@ class GroupStateFunction(CompatFunction):
                         f"{self.state_schema.simpleString()}", STATE)
             self.state.update((value, timeout))
 
+    def restore(self, value: Any, timeout: int) -> None:
+        """Set the current key's state as Spark's store held it (a state import): its value (a
+        tuple of ``stateStructType`` or None) and its timeout (-1: none), with the timer."""
+        if timeout != NO_TIMESTAMP:
+            self.context_timers().register(self.domain, timeout + 1)
+        if value is not None or timeout != NO_TIMESTAMP:
+            stored = None if value is None else self.state_schema.toInternal(tuple(value))
+            self.state.update((stored, timeout))
+
     def context_timers(self) -> Any:
         task = self.task
         assert task is not None

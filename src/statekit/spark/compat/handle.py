@@ -101,8 +101,9 @@ class _Variable:
     kind = ""
     deleted = False
 
-    def __init__(self, handle: Handle, name: str) -> None:
+    def __init__(self, handle: Handle, name: str, ttl: int | None = None) -> None:
         self._name = name
+        self.ttl = ttl  # milliseconds, or None (what a state import needs to keep expiries)
         handle.variables[name] = self
 
     def _live(self, action: str) -> None:
@@ -118,7 +119,7 @@ class ValueState(_Variable):
     kind = "value"
 
     def __init__(self, handle: Handle, name: str, schema: Any, ttl: int | None) -> None:
-        super().__init__(handle, name)
+        super().__init__(handle, name, ttl)
         self._schema = Schema(schema, "schema", name, handle.parsed)
         self._state = handle.state(_descriptor(ValueStateDescriptor(name), ttl), name)
 
@@ -146,7 +147,7 @@ class ListState(_Variable):
     kind = "list"
 
     def __init__(self, handle: Handle, name: str, schema: Any, ttl: int | None) -> None:
-        super().__init__(handle, name)
+        super().__init__(handle, name, ttl)
         self._schema = Schema(schema, "schema", name, handle.parsed)
         self._state = handle.state(_descriptor(ListStateDescriptor(name), ttl), name)
 
@@ -182,7 +183,7 @@ class MapState(_Variable):
 
     def __init__(self, handle: Handle, name: str, key_schema: Any, value_schema: Any,
                  ttl: int | None) -> None:
-        super().__init__(handle, name)
+        super().__init__(handle, name, ttl)
         self._keys = Schema(key_schema, "userKeySchema", name, handle.parsed)
         self._values = Schema(value_schema, "valueSchema", name, handle.parsed)
         self._state = handle.state(_descriptor(MapStateDescriptor(name), ttl), name)
