@@ -9,7 +9,8 @@ against pandas are the same:
 
 - ``count``: a running (count, sum) per key, ``spark_driver``'s ``CountProcessor``
   (``transformWithStateInPandas``) and ``spark_count_fn`` (``applyInPandasWithState``), over
-  ``files`` files of ``rows`` rows of ``keys`` keys (every key in the first file);
+  ``files`` files (``STATEKIT_COMPAT_FILES``, default 1) of ``keys`` rows of ``keys`` keys
+  (``STATEKIT_COMPAT_KEYS``, default 100k; every key in the first file);
 - ``sessions_event`` / ``sessions_processing``: ``spark_sessions_driver``'s ``SparkSessions``
   processor (list state and timers, event or processing time) and, for event time,
   :func:`aipws_sessions` (the same sessions as an ``applyInPandasWithState`` function with an
@@ -59,8 +60,9 @@ def sizes(quick: bool) -> dict[str, int]:
         return {"count_files": 2, "count_rows": 2_000, "count_keys": 500,
                 "session_files": 1, "session_rows": 2_000, "session_keys": 500}
     keys = int(os.environ.get("STATEKIT_COMPAT_KEYS", "100000"))
-    return {"count_files": 2, "count_rows": keys, "count_keys": keys,
-            "session_files": 1, "session_rows": keys, "session_keys": keys}
+    files = int(os.environ.get("STATEKIT_COMPAT_FILES", "1"))
+    return {"count_files": files, "count_rows": keys, "count_keys": keys,
+            "session_files": files, "session_rows": keys, "session_keys": keys}
 
 
 def aipws_sessions(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any
