@@ -3,15 +3,18 @@ natively by Spark and through statekit's switch (one query per statekit backend)
 input files, batch by batch in lockstep; a second, new process goes on from the checkpoints.
 
 ``python -m tests.spark.compat.diff_driver WORK FIRST LAST WORKLOADS BACKENDS [--flush]`` writes
-input files ``FIRST..LAST-1`` of each workload (``WORK/in-<workload>``) one at a time; after each
-it waits until every query of the workload has run the file's batch (and, without processing
-time, every batch that follows without input).  Processing-time workloads get their files in
-rounds of ``ROUND``: before a round (and before the first file of a process), it waits until
-``PERIOD`` plus a margin has passed since the last batch with input, so every TTL and timer is
-either far from due or long due.  ``--flush`` ends with a tick file (event time: the watermark
-passes every session) or a wait of a period (processing time: every session's timer fires).
+input files ``FIRST..LAST-1`` of each workload (``WORK/in-<workload>``) one at a time and hands
+each to one query after the other (a hard link in ``WORK/in-<workload>-<run>``), waiting until
+the query has run the file's batch (and, without processing time, every batch that follows
+without input).  Before each file of a processing-time workload it waits until ``PERIOD`` plus
+a margin has passed since the last batch that read a file, and until every query has run a batch
+that late (but before the first file of a process: a restarted query runs no batch before it
+has input): every TTL and timer set by earlier files is then long due, and every due timer has
+fired (or fires in that first batch, after its input).  ``--flush`` ends with a tick file
+(event time: the watermark passes every session) or a last such wait (processing time).
 Each batch's output rows go to ``WORK/out/<workload>-<run>/b<batch>.json`` (``run``: ``spark``
-or the statekit backend); a re-run batch replaces its file.
+or the statekit backend); a re-run batch replaces its file.  Workloads run one after the other
+(a loaded machine's Python workers miss their start-up deadline when many start at once).
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ import pyarrow.parquet as pq
 from tests.spark.compat.diff_workloads import PERIOD, WORKLOADS, rows_of, tick_rows
 
 NATIVE = "spark"
-ROUND = 2
-MARGIN_MS = 3_000
+MARGIN_MS = 2_000
 TIMEOUT_S = 600
-MAX_RESTARTS = 5
+MAX_RESTARTS = 20
+#: how Spark reports a Python worker that missed its start-up deadline on a loaded machine
+STARTUP_FAILURES = ("failed to connect back", "STREAMING_PYTHON_RUNNER_INITIALIZATION")
 
 
-def write(directory: Path, index: int, rows: list[tuple[str, int, int]]) -> None:
+def write(directory: Path, index: int, rows: list[tuple[str, int, int]]) -> Path:
     """Input file ``index`` (its modification time orders the files)."""
     directory.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame(rows, columns=["k", "v", "ms"])
@@ -46,6 +50,7 @@ def write(directory: Path, index: int, rows: list[tuple[str, int, int]]) -> None
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
     os.utime(tmp, (1_000_000 + index, 1_000_000 + index))
     os.replace(tmp, path)
+    return path
 
 
 def batches(checkpoint: Path) -> list[dict[str, Any]]:
@@ -84,7 +89,7 @@ def main(work: str, first: int, last: int, workloads: list[str], backends: list[
         failed += [f"{name}-{run}: {q.exception()}" for run, q in queries.items()
                    if q.exception() is not None]
     spark.stop()
-    for line in [*results, *failed]:
+    for line in [*(f.splitlines()[0] for f in failed), *results]:  # results last: read first
         print(line, flush=True)
     if failed or any(not line.endswith(": done") for line in results):
         sys.exit(3)
@@ -108,7 +113,7 @@ class Starter:
         spark, root = self.spark, self.root
         out = root / "out" / f"{name}-{run}"
         out.mkdir(parents=True, exist_ok=True)
-        (root / f"in-{name}").mkdir(parents=True, exist_ok=True)
+        (root / f"in-{name}-{run}").mkdir(parents=True, exist_ok=True)
 
         def sink(df: Any, batch_id: int) -> None:
             rows = sorted(json.dumps(list(r)) for r in df.collect())
@@ -123,7 +128,7 @@ class Starter:
                 statekit.spark.compat.enable(spark)
                 spark.conf.set("spark.statekit.state.backend.type", run)
             source = (spark.readStream.schema("k string, v long, ms long")
-                      .option("maxFilesPerTrigger", 1).parquet(str(root / f"in-{name}"))
+                      .option("maxFilesPerTrigger", 1).parquet(str(root / f"in-{name}-{run}"))
                       .withColumn("ts", F.timestamp_millis("ms")))
             df = WORKLOADS[name].define(spark, source)
             query = (df.writeStream.foreachBatch(sink).outputMode("update")
@@ -139,7 +144,8 @@ class Starter:
             error = query.exception()
             if error is None:
                 continue
-            if "failed to connect back" not in str(error) or self.restarts >= MAX_RESTARTS:
+            if not any(m in str(error) for m in STARTUP_FAILURES) or \
+                    self.restarts >= MAX_RESTARTS:
                 raise RuntimeError(f"{run} failed: {error}")
             self.restarts += 1
             queries[run] = self.start(name, run)
@@ -156,45 +162,51 @@ def _pace(starter: Starter, name: str, queries: dict[str, Any], first: int, last
 
     checkpoints = {run: root / "query" / f"{name}-{run}" for run in queries}
     processing = workload.time == "ProcessingTime"
+    files = root / f"in-{name}"
+
+    def feed(index: int, rows: list[tuple[str, int, int]], settle: bool) -> None:
+        """File ``index`` to one query after the other (the same file: hard links)."""
+        path = write(files, index, rows)
+        for run in queries:
+            os.link(path, root / f"in-{name}-{run}" / path.name)
+            _wait_for(check, queries, run, checkpoints[run], index, settle)
+
     try:
         for index in range(first, last):
-            if processing and (index == first or index % ROUND == 0):
-                _wait_period(check, checkpoints)
-            write(root / f"in-{name}", index, rows_of(index))
-            _wait_for(check, queries, checkpoints, index, settle=not processing)
+            if processing:  # a restarted query runs no batch before it has input
+                _wait_period(check, checkpoints, ran=index != first)
+            feed(index, rows_of(index), settle=not processing)
         if flush and workload.time == "EventTime":
-            write(root / f"in-{name}", last, tick_rows(last))
-            _wait_for(check, queries, checkpoints, last, settle=True)
+            feed(last, tick_rows(last), settle=True)
         elif flush and processing:
-            _wait_period(check, checkpoints, ran=True)
+            _wait_period(check, checkpoints)
     except Exception as exc:  # reported in one line
         return f"{name}: {type(exc).__name__}: {exc}"
     return f"{name}: done"
 
 
-def _wait_for(check: Any, queries: dict[str, Any], checkpoints: dict[str, Path], index: int,
+def _wait_for(check: Any, queries: dict[str, Any], run: str, checkpoint: Path, index: int,
               settle: bool) -> None:
-    """Until every query committed the batch that read file ``index`` (and, if ``settle``, ran
+    """Until query ``run`` committed the batch that read file ``index`` (and, if ``settle``, ran
     every batch that follows without input)."""
     deadline = time.monotonic() + TIMEOUT_S
-    for run, checkpoint in checkpoints.items():
-        while not any(b["committed"] and b["offset"] >= index for b in batches(checkpoint)):
+    while not any(b["committed"] and b["offset"] >= index for b in batches(checkpoint)):
+        check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{run}: file {index} not read in {TIMEOUT_S} s")
+        time.sleep(0.1)
+    while settle:
+        try:
+            queries[run].processAllAvailable()
+            break
+        except Exception:  # a failed query: started again by check, or raised
             check()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{run}: file {index} not read in {TIMEOUT_S} s")
-            time.sleep(0.1)
-        while settle:
-            try:
-                queries[run].processAllAvailable()
-                break
-            except Exception:  # a failed query: started again by check, or raised
-                check()
 
 
-def _wait_period(check: Any, checkpoints: dict[str, Path], ran: bool = False
-                 ) -> None:
-    """Until ``PERIOD`` plus a margin has passed since every query's last batch with input (and,
-    if ``ran``, until each query committed a batch that late)."""
+def _wait_period(check: Any, checkpoints: dict[str, Path], ran: bool = True) -> None:
+    """Until ``PERIOD`` plus a margin has passed since every query's last batch with input, and
+    (if ``ran``) each query committed a batch that late (Spark runs batches without input in
+    processing time, except after a restart until a file comes)."""
     last = max((b["ts"] for c in checkpoints.values() for b in batches(c) if b["data"]),
                default=0)
     due = last + PERIOD + MARGIN_MS

@@ -2,8 +2,8 @@
 each workload's input files, and the processor or function Spark and statekit both run.
 
 Input rows are ``(k string, v long, ms long)``; ``ts`` (``ms`` as a timestamp) is added for the
-watermark.  Processing time: ``PERIOD`` ms is both the TTL and the session gap; the driver paces
-the files in rounds so that every decision on time is made far from its boundary.
+watermark.  Processing time: ``PERIOD`` ms is the short TTL and the session gap; the driver
+lets more than that pass between files, so every decision on time is made far from its boundary.
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-PERIOD = 12_000  # ms: TTL and processing-time session gap
+PERIOD = 4_000  # ms: the short TTL and the processing-time session gap
+LONG_TTL = 3_600_000  # ms: a TTL no run reaches
 GAP = 30_000  # ms: event-time session gap
 DELAY = "25 seconds"  # the watermark's delay, more than the input's disorder
 T0 = 1_700_000_000_000
 TICK = "~tick"
 
 
-def rows_of(index: int, keys: int = 6, rows: int = 12) -> list[tuple[str, int, int]]:
+def rows_of(index: int, keys: int = 6, rows: int = 24) -> list[tuple[str, int, int]]:
     """File ``index``: ``rows`` rows over ``keys`` keys (a key skipped now and then), event
     times of minute ``index`` up to 20 s out of order."""
     out = []
@@ -85,31 +86,36 @@ def count_fn(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any
 
 
 class TtlLists(StatefulProcessor):
-    """Per key: the recent ``v`` values in a list state and counts per ``v % 3`` in a map state,
-    both with TTL; a total without TTL.  A list longer than 4 is cut to its last 2 with ``put``
-    (which renews their TTL, as ``appendValue`` renews only the new element's)."""
+    """Per key: the recent ``v`` values in a list state and counts per ``v % 3`` in a map state
+    with the short TTL (gone by the next file), and the same with ``LONG_TTL`` (kept); a total
+    without TTL.  A list longer than 3 is cut to its last 2 with ``put``."""
 
     def init(self, handle: Any) -> None:
         self.recent = handle.getListState("recent", "v long", PERIOD)
         self.buckets = handle.getMapState("buckets", "b long", "n long", PERIOD)
+        self.kept = handle.getListState("kept", "v long", LONG_TTL)
+        self.kept_buckets = handle.getMapState("keptBuckets", "b long", "n long", LONG_TTL)
         self.total = handle.getValueState("total", "n long")
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
                         ) -> Iterator[pd.DataFrame]:
         values = [int(v) for frame in rows for v in frame["v"].tolist()]
-        for v in values:
-            self.recent.appendValue((v,))
-            n = self.buckets.getValue((v % 3,))
-            self.buckets.updateValue((v % 3,), ((n[0] if n else 0) + 1,))
-        recent = [r[0] for r in self.recent.get()]
-        if len(recent) > 4:
-            recent = recent[-2:]
-            self.recent.put([(v,) for v in recent])
+        out: dict[str, list[str]] = {"k": [key[0]]}
+        for name, lst, buckets in (("recent", self.recent, self.buckets),
+                                   ("kept", self.kept, self.kept_buckets)):
+            for v in values:
+                lst.appendValue((v,))
+                n = buckets.getValue((v % 3,))
+                buckets.updateValue((v % 3,), ((n[0] if n else 0) + 1,))
+            held = [r[0] for r in lst.get()]
+            if len(held) > 3:
+                held = held[-2:]
+                lst.put([(v,) for v in held])
+            out[name] = [str(held)]
+            out[f"{name}Buckets"] = [str(sorted((b[0], n[0]) for b, n in buckets.iterator()))]
         total = (self.total.get() or (0,))[0] + len(values)
         self.total.update((total,))
-        buckets = sorted((b[0], n[0]) for b, n in self.buckets.iterator())
-        yield pd.DataFrame({"k": [key[0]], "recent": [str(recent)], "buckets": [str(buckets)],
-                            "total": [total]})
+        yield pd.DataFrame({**out, "total": [total]})
 
     def close(self) -> None:
         pass
@@ -256,8 +262,8 @@ WORKLOADS = {
     "count_tws": Workload("tws", RunningCount, COUNT_OUT),
     "count_aipws": Workload("aipws", count_fn, COUNT_OUT, state="c long, t long"),
     "initial_tws": Workload("tws", RunningCountWithInitialState, COUNT_OUT, initial=True),
-    "ttl_tws": Workload("tws", TtlLists, "k string, recent string, buckets string, total long",
-                        time="ProcessingTime"),
+    "ttl_tws": Workload("tws", TtlLists, "k string, recent string, recentBuckets string, "
+                        "kept string, keptBuckets string, total long", time="ProcessingTime"),
     "psession_tws": Workload("tws", ProcessingTimeSessions,
                              "k string, events long, first long, last long",
                              time="ProcessingTime"),

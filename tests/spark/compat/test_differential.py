@@ -13,9 +13,11 @@ second goes on from the checkpoints with more.  Every batch's rows are compared:
 - with processing time (list and map state with TTL, sessions on processing-time timers) by the
   file each batch read: the batch that read a file, and together the batches without input that
   followed it.  Spark runs such batches back to back as long as the query runs, so how many there
-  are is the machine's, not the query's; what they output is determined once the driver paces the
-  files (``diff_driver``: every TTL or timer is either ``PERIOD`` plus a margin past or not yet
-  due at every batch), which the test checks from the offset logs before comparing.
+  are is the machine's, not the query's.  What they output is determined once the driver paces
+  the files (``diff_driver``: before a file is read, every TTL and timer set by earlier files is
+  long due and every due timer has fired), so the short TTL and the session gap expire between
+  files and a long TTL never: TTL's expiry and keeping, not where it falls within a run of
+  batches closer together than the TTL (that depends on the machine's timing, on Spark alone too).
 
 The default run has the running count and event-time sessions on RocksDB; the rest of the matrix
 is marked slow.
@@ -31,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.compat.diff_driver import MARGIN_MS, NATIVE, ROUND, batches
-from tests.spark.compat.diff_workloads import PERIOD, WORKLOADS
+from tests.spark.compat.diff_driver import NATIVE, batches
+from tests.spark.compat.diff_workloads import WORKLOADS
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[3]
@@ -67,28 +69,12 @@ def per_batch(work: Path, name: str, run: str) -> dict[object, list]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def check_pacing(work: Path, name: str, run: str) -> None:
-    """Processing time: the files of a round were read within ``PERIOD`` less the margin, so no
-    TTL or timer fell due between them (the rounds themselves are ``PERIOD`` apart by design)."""
-    reads = {b["offset"]: b["ts"] for b in batches(work / "query" / f"{name}-{run}")
-             if b["data"]}
-    for i, ts in reads.items():
-        if i % ROUND and i - 1 in reads:
-            assert ts - reads[i - 1] < PERIOD - MARGIN_MS, (
-                f"{name}-{run}: files {i - 1} and {i} were read {ts - reads[i - 1]} ms apart; the "
-                f"run is not determined by its input (the machine is too loaded for PERIOD)")
-
-
 def compare(work: Path, workloads: list[str], backends: list[str], files: int) -> None:
     for name in workloads:
-        processing = WORKLOADS[name].time == "ProcessingTime"
-        if processing:
-            for run in (NATIVE, *backends):
-                check_pacing(work, name, run)
         native = per_batch(work, name, NATIVE)
-        # the native run read every file and put out something (the comparison is not vacuous)
+        # the native run read every file and put out rows in several batches (not vacuous)
         assert max(b["offset"] for b in batches(work / "query" / f"{name}-{NATIVE}")) >= files - 1
-        assert sum(len(rows) for rows in native.values()) >= files, name
+        assert sum(1 for rows in native.values() if rows) >= 3, name
         for backend in backends:
             mine = per_batch(work, name, backend)
             assert mine.keys() == native.keys(), (name, backend)
