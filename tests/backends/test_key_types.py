@@ -6,8 +6,6 @@ are in the conformance suite.)"""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from statekit import (
@@ -20,15 +18,16 @@ from statekit import (
 )
 from statekit.backends.bulk import BulkState
 from statekit.backends.transfer import restore_into
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import CorruptCheckpointError, JobExecutionError, StateTypeError
 from statekit.inspection import convert_savepoint, open_checkpoint
 from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer
 from statekit.testing.cluster import KeyedCluster
+from tests.tmpfs import rocksdb_dir
 
-SHM = "/dev/shm/statekit-tests-rocksdb" if os.path.isdir("/dev/shm") else None
+SHM = rocksdb_dir()
 KINDS = ["hashmap", "hashmap-incremental", "rocksdb", "rocksdb-incremental"]
 V = ValueStateDescriptor("v", Types.STRING())
 
