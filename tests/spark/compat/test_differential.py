@@ -100,4 +100,4 @@ def test_count_and_event_sessions(tmp_path):
     ["ttl_tws", "psession_tws"],
 ], ids=["counts", "event-sessions", "processing-time"])
 def test_full_matrix(tmp_path, workloads):
-    run_differential(tmp_path, workloads, list(BACKENDS), 4, 8)
+    run_differential(tmp_path, workloads, list(BACKENDS), 3, 6)
