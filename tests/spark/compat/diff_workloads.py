@@ -25,11 +25,11 @@ TICK = "~tick"
 
 
 def rows_of(index: int, keys: int = 6, rows: int = 24) -> list[tuple[str, int, int]]:
-    """File ``index``: ``rows`` rows over ``keys`` keys (a key skipped now and then), event
+    """File ``index``: up to ``rows`` rows over ``keys`` keys (every key in every file), event
     times of minute ``index`` up to 20 s out of order."""
     out = []
     for j in range(rows):
-        key = (index * 5 + j * 7) % (keys + 1)
+        key = (index * 5 + j * 3) % (keys + 1)  # every key but one per file
         if key == keys:
             continue
         ms = T0 + index * 60_000 + (j * 37_003 + index * 11_000) % 60_000 - (j % 3) * 7_000
