@@ -10,8 +10,10 @@ without input).  Before each file of a processing-time workload it waits until `
 a margin has passed since the last batch that read a file, and until every query has run a batch
 that late (but before the first file of a process: a restarted query runs no batch before it
 has input): every TTL and timer set by earlier files is then long due, and every due timer has
-fired (or fires in that first batch, after its input).  ``--flush`` ends with a tick file
-(event time: the watermark passes every session) or a last such wait (processing time).
+fired.  A processing-time workload ends with a last such wait (when the queries stop would
+decide otherwise whether a timer fires before the stop or in the first batch after the
+restart); ``--flush`` ends an event-time one with a tick file (the watermark passes every
+session).
 Each batch's output rows go to ``WORK/out/<workload>-<run>/b<batch>.json`` (``run``: ``spark``
 or the statekit backend); a re-run batch replaces its file.  Workloads run one after the other
 (a loaded machine's Python workers miss their start-up deadline when many start at once).
@@ -178,8 +180,8 @@ def _pace(starter: Starter, name: str, queries: dict[str, Any], first: int, last
             feed(index, rows_of(index), settle=not processing)
         if flush and workload.time == "EventTime":
             feed(last, tick_rows(last), settle=True)
-        elif flush and processing:
-            _wait_period(check, checkpoints)
+        elif processing:  # every due timer fired before the queries stop (else when they stop
+            _wait_period(check, checkpoints)  # decides whether it fires now or after a restart)
     except Exception as exc:  # reported in one line
         return f"{name}: {type(exc).__name__}: {exc}"
     return f"{name}: done"

@@ -14,10 +14,13 @@ second goes on from the checkpoints with more.  Every batch's rows are compared:
   file each batch read: the batch that read a file, and together the batches without input that
   followed it.  Spark runs such batches back to back as long as the query runs, so how many there
   are is the machine's, not the query's.  What they output is determined once the driver paces
-  the files (``diff_driver``: before a file is read, every TTL and timer set by earlier files is
-  long due and every due timer has fired), so the short TTL and the session gap expire between
-  files and a long TTL never: TTL's expiry and keeping, not where it falls within a run of
-  batches closer together than the TTL (that depends on the machine's timing, on Spark alone too).
+  the files (``diff_driver``: before a file is read and before the queries stop, every TTL and
+  timer set by earlier files is long due and every due timer has fired; without the wait before
+  the stop, when each query stopped decided whether its sessions closed before the restart or
+  in the first batch after it, a difference of the driver, not of statekit), so the short TTL
+  and the session gap expire between files and a long TTL never: TTL's expiry and keeping, not
+  where it falls within a run of batches closer together than the TTL (that depends on the
+  machine's timing, on Spark alone too).
 
 The default run has the running count and event-time sessions on RocksDB; the rest of the matrix
 is marked slow.
