@@ -33,7 +33,7 @@ BENCH_PYTEST := $(PY) -m pytest benchmarks --ignore=benchmarks/diskprofiles -p n
 	-o testpaths=benchmarks --benchmark-sort=name --benchmark-columns=min,median,max,rounds
 BENCH_QUICK_ARGS ?= -m "not spark and not large"
 
-bench: $(STAMP)  ## full run (~15 min with the Spark end-to-end part; the timers' 10^7 cases and the Spark session benchmark add about an hour): benchmarks/results/full.json -> docs/benchmarks.md, docs/img/
+bench: $(STAMP)  ## full run (~15 min with the Spark end-to-end part; the timers' 10^7 cases, the Spark session benchmark and the Spark compat benchmark add one to two hours): benchmarks/results/full.json -> docs/benchmarks.md, docs/img/
 	mkdir -p benchmarks/results
 	$(BENCH_PYTEST) --benchmark-json=benchmarks/results/full.json $(BENCH_ARGS); status=$$?; \
 	BENCH_ARGS='$(BENCH_ARGS)' $(PY) -m benchmarks.report benchmarks/results/full.json --command "make bench" \
@@ -46,7 +46,8 @@ bench-quick: $(STAMP)  ## < 3 min, no timing assertions (CI): benchmarks/results
 		$(BENCH_QUICK_ARGS) $(BENCH_ARGS); status=$$?; \
 	$(PY) -m benchmarks.report benchmarks/results/quick.json --command "make bench-quick" \
 		--spark benchmarks/results/spark-quick.json \
-		--spark-sessions benchmarks/results/spark-sessions-quick.json --out benchmarks/results/quick.md \
+		--spark-sessions benchmarks/results/spark-sessions-quick.json \
+		--spark-compat benchmarks/results/spark-compat-quick.json --out benchmarks/results/quick.md \
 		--img-dir benchmarks/results/img-quick; exit $$status
 
 docs: $(STAMP)  ## the documentation site in site/ (MkDocs, strict: a broken link fails)

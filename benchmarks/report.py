@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 from benchmarks._common import TARGETS
 from benchmarks._state_access import OPERATIONS
 from benchmarks.report_bulk import section_bulk
+from benchmarks.report_compat import section_compat
 from benchmarks.report_timers import section_timers
 from benchmarks.report_windows import section_windows
 
@@ -629,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark", type=Path, default=REPO / "benchmarks" / "results" / "spark.json")
     parser.add_argument("--spark-sessions", type=Path,
                         default=REPO / "benchmarks" / "results" / "spark-sessions.json")
+    parser.add_argument("--spark-compat", type=Path,
+                        default=REPO / "benchmarks" / "results" / "spark-compat.json")
     parser.add_argument("--analysis", type=Path, default=Path(__file__).with_name("analysis.md"),
                         help="hand-written findings appended to the report (profiles, proposed fixes)")
     args = parser.parse_args(argv)
@@ -641,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     ck_text, ck = section_checkpoint(data, args.img_dir, rel)
     disk_text, disks = section_disks(data, args.img_dir, rel)
     timers_text, timers_summary = section_timers(data, args.spark_sessions, args.img_dir, rel)
+    compat_text, compat_summary = section_compat(args.spark_compat)
     quick = data.get("machine_info", {}).get("statekit", {}).get("quick")
     sources = " + ".join(f"[`{path.name}`]({os.path.relpath(path, args.out.parent)})"
                          for path in args.json)
@@ -664,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         "Full-mode sizes: 500k keys for state access; 10^4, 10^5, 10^6 keys x 100 B plus "
         "10^6 x 1100 B (>= 1 GiB) for checkpoints; 320k x 1 KiB per disk-profile run.",
         "",
-        closing(acc, ck, disks) + "".join(line + "\n" for line in timers_summary),
+        closing(acc, ck, disks) + "".join(line + "\n" for line in timers_summary + compat_summary),
         acc_text,
         section_bulk(data),
         ck_text,
@@ -673,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         disk_text,
         section_spark(args.spark, args.img_dir, rel),
         timers_text,
+        compat_text,
         section_windows(data),
     ]
     if args.analysis.exists():

@@ -211,8 +211,9 @@ def _query(spark: Any, path: str, backend: str, input_dir: Path, sink: Sink, skd
 
 
 def run(spark: Any, path: str, backend: str, input_dir: Path, work: Path, *, keys: int,
-        timeout: float = 3_600) -> dict[str, Any]:
-    """Run ``path`` over ``input_dir``; its figures and whether its sessions are right."""
+        timeout: float = 3_600, query: Any = None) -> dict[str, Any]:
+    """Run ``path`` over ``input_dir``; its figures and whether its sessions are right.
+    ``query`` builds the writer instead of ``path``'s (same arguments as :func:`_query`)."""
     tag = f"{path}-{backend}"
     base = work / tag
     shutil.rmtree(base, ignore_errors=True)
@@ -222,7 +223,7 @@ def run(spark: Any, path: str, backend: str, input_dir: Path, work: Path, *, key
     frames = read_input(input_dir)
     last_batch = len(frames) - 1
     sink = Sink(out)
-    writer = _query(spark, path, backend, input_dir, sink, skdir)
+    writer = (query or _query)(spark, path, backend, input_dir, sink, skdir)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     # availableNow, stopped once the last file's batch is through the sink (a query with
