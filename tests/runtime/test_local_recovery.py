@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from statekit import KeyedProcessFunction, RestartStrategies, Types, ValueStateDescriptor
+from statekit.checkpoint.blobstore.local import LocalBlobStore
+from statekit.checkpoint.handles import file_paths
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import ConfigError, CorruptCheckpointError
 from tests.runtime.envs import env_for
 
@@ -45,11 +48,12 @@ def local_copies(root: Path):
     return sorted(p for p in root.glob("*/*/chk-*")) if root.exists() else []
 
 
-def copies_ready(root: Path) -> bool:
-    """Both tasks have a copy, and each holds state."""
+def copies_ready(root: Path, first: int = 1) -> bool:
+    """Both tasks have a copy of checkpoint ``first`` or later, and each holds state."""
     copies = local_copies(root)
     return len(copies) == 2 and all(
-        any(f.stat().st_size for f in c.rglob("*") if f.is_file() and f.name != "_local")
+        int(c.name[len("chk-"):]) >= first
+        and any(f.stat().st_size for f in c.rglob("*") if f.is_file() and f.name != "_local")
         for c in copies)
 
 
@@ -80,7 +84,7 @@ class Failing(KeyedProcessFunction):
         yield ctx.get_current_key(), c, s
 
 
-def run(tmp_path, backend, before_failure, **conf):
+def run(tmp_path, backend, before_failure, first=1, **conf):
     env = env_for(tmp_path, backend, **{
         "execution.checkpointing.interval": "20 ms", "state.backend.local-recovery": "true",
         "taskmanager.state.local.root-dirs": str(tmp_path / "local"),
@@ -93,7 +97,7 @@ def run(tmp_path, backend, before_failure, **conf):
         before_failure()
 
     result = env.from_collection(ITEMS).key_by(lambda x: x[0]).process(
-        Failing(hook, lambda: copies_ready(tmp_path / "local"))).execute_and_collect()
+        Failing(hook, lambda: copies_ready(tmp_path / "local", first))).execute_and_collect()
     assert result.restarts == 1
     assert final_of(result) == expected(ITEMS)
     assert len(result) == len(ITEMS)
@@ -102,17 +106,30 @@ def run(tmp_path, backend, before_failure, **conf):
     return result.restore_sources
 
 
+@pytest.mark.parametrize("incremental", [False, True])
 @pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
-def test_restart_reads_the_local_copy(tmp_path, backend):
+def test_restart_reads_the_local_copy(tmp_path, backend, incremental):
     """The checkpoint's files in checkpoint storage are damaged before the failure: only the
-    local copies hold the state, and the restart is exact."""
+    local copies hold the state, and the restart is exact.  Incremental snapshots re-reference
+    files of earlier checkpoints, which each copy links from the copy before it."""
     def damage_remote():
         files = remote_state_files(tmp_path / "chk")
         assert files
+        if incremental:  # the copy holds files of earlier checkpoints, linked from its forerunner
+            newest = max(local_copies(tmp_path / "local"))
+            n = int(newest.name[len("chk-"):])
+            (job,) = (tmp_path / "chk").iterdir()
+            access = CheckpointStorageAccess(LocalBlobStore(str(job)), str(job), 0)
+            earlier = file_paths(access.load(n - 1)) & file_paths(access.load(n))
+            assert earlier and all((c / p).is_file() for p in earlier
+                                   for c in local_copies(tmp_path / "local") if c.parent.name in p)
         for f in files:
             f.write_bytes(b"\0" * f.stat().st_size)
 
-    assert run(tmp_path, backend, damage_remote) == [{t: "local" for t in TASKS}]
+    sources = run(tmp_path, backend, damage_remote, first=3 if incremental else 1,
+                  **{"state.backend.incremental": incremental,
+                     "state.checkpoints.num-retained": 3})
+    assert sources == [{t: "local" for t in TASKS}]
 
 
 def test_without_local_recovery_the_damaged_remote_copy_fails(tmp_path):
