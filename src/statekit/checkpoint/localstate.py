@@ -219,6 +219,7 @@ class _Pending:
                 log.info("no local copy of %s (written before this task's copies began)", key)
                 return False
             os.link(source, self.target(key))
+        os.makedirs(self.path, exist_ok=True)  # a snapshot kept all inline wrote no file here
         with open(os.path.join(self.path, MANIFEST), "wb") as fh:
             fh.write(manifest)
         return True
