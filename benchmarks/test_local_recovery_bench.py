@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,10 @@ def test_restart_with_local_recovery(benchmark: Any, backend: str, profile: str)
             "local_restart_s": round(local["failure_to_first_element_s"], 3),
             "local_vs_remote": round(local["failure_to_first_element_s"]
                                      / remote["failure_to_first_element_s"], 3),
+            # the checkpoint's asynchronous part (median of those holding every key): the cost
+            # of keeping the local copy
+            "remote_checkpoint_async_s": remote["checkpoint_async_s"],
+            "local_checkpoint_async_s": local["checkpoint_async_s"],
             "loadavg": loadavg(),
         }
         benchmark.extra_info.update(figures)
@@ -81,4 +87,53 @@ def test_restart_with_local_recovery(benchmark: Any, backend: str, profile: str)
         if STRICT and profile != "nvme":
             assert figures["local_vs_remote"] <= 0.5
     finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb"])
+def test_checkpoint_cost_of_the_local_copy(benchmark: Any, kind: str) -> None:
+    """A full checkpoint of the same state with and without keeping a local copy, interleaved
+    round by round (checkpoint storage and the copy on the same disk): the copy's cost."""
+    from benchmarks.test_checkpoint import Case
+    from statekit.checkpoint.localstate import TaskLocalStateStore
+
+    benchmark.group = f"local-copy-checkpoint-{kind}"
+    keys = N if N < 1_000_000 else 300_000
+    root = scratch_dir(f"localcopy-{kind}")
+    case = Case(kind, keys, 1100, root)
+    case.add("s", incremental=False)
+    local = TaskLocalStateStore(root / "local", root / "local" / "task", "bench")
+    times: dict[str, list[float]] = {"remote": [], "with_copy": []}
+    try:
+        def rounds() -> None:
+            cid = 0
+            for _ in range(1 if QUICK else 3):
+                for name in ("remote", "with_copy"):
+                    cid += 1
+                    streams = case.access["s"].streams(cid, "task")
+                    if name == "with_copy":
+                        streams = local.streams(cid, streams)
+                    start = time.perf_counter()
+                    handle = case.backends["s"].snapshot(cid, streams).run()
+                    case.access["s"].commit(cid, {"tasks": {"task": handle}})
+                    if name == "with_copy":
+                        assert local.complete(cid, handle)
+                    times[name].append(time.perf_counter() - start)
+                    case.backends["s"].notify_checkpoint_complete(cid)
+                    case.access["s"].discard(cid, [])
+
+        benchmark.pedantic(rounds, rounds=1, iterations=1)
+        figures = {
+            "kind": kind, "keys": keys,
+            "checkpoint_s": [round(x, 3) for x in times["remote"]],
+            "with_copy_s": [round(x, 3) for x in times["with_copy"]],
+            "with_copy_vs_without": round(statistics.median(times["with_copy"])
+                                          / statistics.median(times["remote"]), 3),
+            "loadavg": loadavg(),
+        }
+        benchmark.extra_info.update(figures)
+        print("\nlocal copy checkpoint cost:", figures)
+    finally:
+        local.dispose()
+        case.close()
         shutil.rmtree(root, ignore_errors=True)

@@ -16,7 +16,7 @@ from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import ConfigError, CorruptCheckpointError
 from tests.runtime.envs import env_for
 
-ITEMS = [(f"user{i % 13}", i) for i in range(1500)]
+ITEMS = [(f"user{i % 13}", i) for i in range(4000)]  # from 1000 on: up to 6 s for a checkpoint
 TASKS = ("keyed-process-0", "keyed-process-1")
 
 
@@ -210,3 +210,14 @@ def test_local_recovery_keys_are_checked():
         env_for("/nonexistent", "hashmap", **{"state.backend.local-recovery": "maybe"})
     with pytest.raises(ConfigError, match=re.escape("taskmanager.state.local.root-dirs")):
         env_for("/nonexistent", "hashmap", **{"taskmanager.state.local.root-dir": "/x"})
+
+
+def test_copies_of_a_job_whose_process_died_are_swept(tmp_path):
+    """A job directory whose lock nobody holds (its process was killed) goes when the next job
+    with local recovery starts on the same root."""
+    root = tmp_path / "local"
+    dead = root / "job-999999-0123456789ab"
+    (dead / "keyed-process-0" / "chk-3").mkdir(parents=True)
+    (root / "job-999999-0123456789ab.lock").write_text("999999\n")
+    run(tmp_path, "hashmap", lambda: None)
+    assert not dead.exists()

@@ -34,6 +34,9 @@ ENABLED_KEY = "state.backend.local-recovery"
 ROOT_DIRS_KEY = "taskmanager.state.local.root-dirs"
 #: the directory statekit makes under a root for its local copies
 ROOT_NAME = "statekit-localstate"
+#: the name of a job's directory under a root (``job-<pid>-<random>``): a job sweeps those of
+#: jobs whose process died
+JOB_PREFIX = "job-"
 
 
 def enabled(conf: Mapping[str, Any]) -> bool:
@@ -68,7 +71,7 @@ class JobLocalState:
             root = self.roots[index % len(self.roots)]
             owned = self._dirs.get(root)
             if owned is None:
-                owned = self._dirs[root] = workdirs.create(root, f"{safe_name(self.job_id)[:64]}-")
+                owned = self._dirs[root] = workdirs.create(root, JOB_PREFIX)
             store = self.tasks[name] = TaskLocalStateStore(owned, owned / safe_name(name), scope)
         return store
 
