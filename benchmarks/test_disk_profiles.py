@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks._common import QUICK, loadavg, scratch_dir
-from benchmarks.diskprofiles.profiles import subprocess_env
+from benchmarks.diskprofiles.profiles import remove_device_state, subprocess_env
 
 DISKS = ["nvme", "sata-ssd", "hdd-7200"]
 OPTIONS = ["DEFAULT", "FLASH_SSD_OPTIMIZED", "SPINNING_DISK_OPTIMIZED", "SPINNING_DISK_OPTIMIZED_HIGH_MEM"]
@@ -53,6 +53,8 @@ def test_rocksdb_options_on_disk_profile(benchmark: Any, disk: str, options: str
         benchmark.pedantic(run, rounds=1, iterations=1)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if "IODELAY_SHM" in env:
+            remove_device_state(env["IODELAY_SHM"])
     result = holder["result"]
     assert result["profile"] == disk
     result.update({"disk": disk, "loadavg": loadavg()})

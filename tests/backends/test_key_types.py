@@ -6,8 +6,6 @@ are in the conformance suite.)"""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from statekit import (
@@ -27,8 +25,9 @@ from statekit.runtime.partition import PartitionStore, drop_local_state, new_att
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer
 from statekit.testing.cluster import KeyedCluster
+from tests.tmpfs import rocksdb_dir
 
-SHM = "/dev/shm/statekit-tests-rocksdb" if os.path.isdir("/dev/shm") else None
+SHM = rocksdb_dir()
 KINDS = ["hashmap", "hashmap-incremental", "rocksdb", "rocksdb-incremental"]
 V = ValueStateDescriptor("v", Types.STRING())
 

@@ -32,10 +32,11 @@ from statekit.state.descriptors import (
     ValueStateDescriptor,
 )
 from statekit.testing.cluster import KeyedCluster
+from tests.tmpfs import rocksdb_dir
 
 # tmpfs where available: the databases fsync on every open, which dominates test time on slow
 # disks; the checkpoint storage still goes to tmp_path
-SHM = "/dev/shm/statekit-tests-rocksdb" if os.path.isdir("/dev/shm") else None
+SHM = rocksdb_dir()
 KEY = serializer_for(Types.STRING())
 ALL = KeyGroupRange(0, 127)
 VALUE = ValueStateDescriptor("v", Types.LONG())

@@ -5,7 +5,6 @@ the suite.  The model test covers both storages and both modes on the default ru
 incremental, file system + full); the other two combinations are marked slow.
 """
 
-import os
 import tempfile
 
 import pytest
@@ -15,9 +14,10 @@ from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
 from statekit.testing.conformance import BackendConformance
 from statekit.testing.stateful import model_test
+from tests.tmpfs import rocksdb_dir
 
 # tmpfs where available: RocksDB fsyncs on every open, which dominates test time on slow disks
-SHM = "/dev/shm/statekit-tests-rocksdb" if os.path.isdir("/dev/shm") else None
+SHM = rocksdb_dir()
 
 
 def rocks(incremental=None, threads=1):

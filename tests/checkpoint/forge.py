@@ -5,7 +5,6 @@ valid checksum, restore every partition the way the local runner does and read t
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +25,7 @@ from statekit.serde.msgpack import unpackb
 from statekit.serde.types import GenericSerializer, Types
 from statekit.state.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statekit.testing.cluster import KeyedCluster
+from tests.tmpfs import rocksdb_dir
 
 MAXP = 128
 DESCRIPTORS = (ValueStateDescriptor("count", Types.LONG()),
@@ -43,8 +43,8 @@ def backend_factory(kind: str, incremental: bool = False) -> StateBackend:
     if kind == "hashmap":
         return HashMapStateBackend(incremental=incremental)
     backend = EmbeddedRocksDBStateBackend(incremental)
-    if os.path.isdir("/dev/shm"):  # tmpfs: RocksDB fsyncs on every open
-        backend.set_db_storage_paths("/dev/shm/statekit-tests-rocksdb")
+    if rocksdb_dir():  # tmpfs: RocksDB fsyncs on every open
+        backend.set_db_storage_paths(rocksdb_dir())
     return backend
 
 
