@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from benchmarks._common import QUICK, STRICT, loadavg, scratch_dir
+from benchmarks.diskprofiles.profiles import remove_device_state, subprocess_env
 
 N = int(os.environ.get("STATEKIT_BENCH_LOCALREC_KEYS") or (20_000 if QUICK else 1_000_000))
 _REPO = Path(__file__).resolve().parents[1]
@@ -37,15 +38,17 @@ _REPO = Path(__file__).resolve().parents[1]
 def _run(root: Path, backend: str, local: bool, profile: str) -> dict[str, Any]:
     env = dict(os.environ)
     if profile != "nvme":
-        from benchmarks.diskprofiles.profiles import subprocess_env
-
         env = subprocess_env(profile, [root / "remote"])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.local_recovery_driver", "--root", str(root),
-         "--keys", str(N), "--backend", backend, "--local", str(int(local)),
-         "--interval", "200 ms" if QUICK else "1 s"],
-        env=env, cwd=_REPO, capture_output=True, text=True, timeout=3600, check=True)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.local_recovery_driver", "--root", str(root),
+             "--keys", str(N), "--backend", backend, "--local", str(int(local)),
+             "--interval", "200 ms" if QUICK else "1 s"],
+            env=env, cwd=_REPO, capture_output=True, text=True, timeout=3600, check=True)
+    finally:
+        if "IODELAY_SHM" in env:  # the shim's device state in /dev/shm
+            remove_device_state(env["IODELAY_SHM"])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
