@@ -100,7 +100,7 @@ class TaskLocalStateStore:
                 target = self.directory / f"chk-{checkpoint_id}"
                 _remove_tree(target)
                 os.rename(pending.path, target)
-        except OSError as exc:
+        except (OSError, StatekitError) as exc:  # a local copy never fails a checkpoint
             log.warning("no local copy of checkpoint %d kept (%s)", checkpoint_id, exc)
             kept = False
         if not kept:
@@ -119,7 +119,8 @@ class TaskLocalStateStore:
         """The newest kept copy before ``checkpoint_id`` (files an incremental snapshot
         re-references are linked from it)."""
         ids = [c for c in self._copies() if c < checkpoint_id]
-        return self.directory / f"chk-{max(ids)}" if ids else None
+        previous = self.directory / f"chk-{max(ids)}" if ids else None
+        return None if previous is None or previous.is_symlink() else previous
 
     def _copies(self) -> list[int]:
         try:
@@ -246,7 +247,7 @@ class _TeeStore:
         try:
             write(self._pending.target(key))
             self._pending.wrote(key)
-        except OSError as exc:
+        except (OSError, StatekitError) as exc:
             self._pending.spoil(exc)
 
     def put(self, key: str, data: bytes) -> None:
@@ -316,7 +317,7 @@ class _LocalWriter:
                     advise(fd, 0, started, os.POSIX_FADV_DONTNEED)
                     started = offset
             self.pending.wrote(self.key)
-        except OSError as exc:
+        except Exception as exc:  # never leaves the producer blocked on a full queue
             self.pending.spoil(exc)
             while self.queue.get() is not None:  # drain: the producer never blocks on us
                 pass
