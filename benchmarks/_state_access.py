@@ -134,7 +134,7 @@ def rocksdb_env(workdir: Path) -> Env:
     db.write(batch)
     t2 = time.perf_counter()
     # same starting shape on both sides: everything flushed and compacted (as flink-benchmarks does)
-    for cf in [*backend._cfs.values(), *cfs.values()]:
+    for cf in [*backend.cfs.values(), *cfs.values()]:
         cf.flush()
         cf.compact_range(None, None)
     t3 = time.perf_counter()

@@ -4,17 +4,14 @@ from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.legacy import CustomStateBackend, FsStateBackend, MemoryStateBackend
 from statekit.backends.operator import BroadcastState, ReadOnlyBroadcastState
+from statekit.checkpoint.base import CheckpointStorage, CustomCheckpointStorage
 from statekit.checkpoint.config import (
     CheckpointConfig,
     CheckpointingMode,
     ExternalizedCheckpointCleanup,
 )
-from statekit.checkpoint.storage import (
-    CheckpointStorage,
-    CustomCheckpointStorage,
-    FileSystemCheckpointStorage,
-    JobManagerCheckpointStorage,
-)
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.durations import Time
 from statekit.runtime.batch import RuntimeExecutionMode
 from statekit.runtime.broadcast import BroadcastProcessFunction, KeyedBroadcastProcessFunction

@@ -29,7 +29,7 @@ from statekit import (
 from statekit.backends.bulk import BulkState
 from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.backends.heap.table import Capture
-from statekit.checkpoint.storage import CheckpointStorageAccess
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import CheckpointError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import serializer_for

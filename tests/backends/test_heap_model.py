@@ -4,7 +4,8 @@ import tempfile
 
 from statekit import workdirs
 from statekit.backends.heap import HashMapStateBackend
-from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.testing.stateful import model_test
 
 TestHeapJobManager = model_test(HashMapStateBackend, JobManagerCheckpointStorage)

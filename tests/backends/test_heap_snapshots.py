@@ -19,11 +19,12 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
-from statekit.backends.base import KV_FORMAT
 from statekit.backends.heap import HEAP_CHANGELOG_FORMAT, HeapKeyedStateBackend
+from statekit.backends.kvformat import KV_FORMAT
 from statekit.checkpoint.config import CheckpointConfig
-from statekit.checkpoint.storage import CheckpointStorageAccess
-from statekit.checkpoint.streams import SHARED_PREFIX, file_paths
+from statekit.checkpoint.handles import file_paths
+from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.checkpoint.streams import SHARED_PREFIX
 from statekit.errors import ConfigError
 from statekit.runtime.coordinator import CheckpointCoordinator
 from statekit.serde.keygroups import KeyGroupRange

@@ -18,7 +18,7 @@ from statekit import (
 )
 from statekit.backends.bulk import BulkState
 from statekit.backends.transfer import restore_into
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import CorruptCheckpointError, JobExecutionError, StateTypeError
 from statekit.inspection import convert_savepoint, open_checkpoint
 from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token

@@ -9,8 +9,8 @@ import time
 import pytest
 from rocksdict import Options
 
-from statekit.backends.base import KV_FORMAT
 from statekit.backends.heap import HashMapStateBackend
+from statekit.backends.kvformat import KV_FORMAT
 from statekit.backends.legacy import FsStateBackend
 from statekit.backends.rocksdb import (
     ROCKSDB_FORMAT,
@@ -19,7 +19,8 @@ from statekit.backends.rocksdb import (
     RocksDBStateBackend,
     open_db,
 )
-from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import BackendLockedError, ConfigError, StateError
 from statekit.registry import backend_registry
 from statekit.serde.keygroups import KeyGroupRange
@@ -106,9 +107,9 @@ def test_keys_are_key_group_prefixed_and_lists_append(tmp_path):
         m.put_all({"p": 1, "q": None})
         kg = kb.key_group_of("a")
         prefix = kg.to_bytes(2, "big") + KEY.serialize("a")
-        assert list(kb._cfs["v"].keys()) == [prefix]
+        assert list(kb.cfs["v"].keys()) == [prefix]
         # one entry per element, in sequence order: appends never rewrite the list
-        assert list(kb._cfs["l"].keys()) == [prefix + i.to_bytes(8, "big") for i in range(3)]
+        assert list(kb.cfs["l"].keys()) == [prefix + i.to_bytes(8, "big") for i in range(3)]
         assert lst.get() == ["x", "y", "z"]
         assert dict(m.items()) == {"p": 1, "q": None} and m.contains("q") and m.get("q") is None
         lst.update(["only"])
@@ -260,8 +261,8 @@ def test_discarding_retained_checkpoints_keeps_referenced_shared_files(tmp_path)
                 v.update(i)
                 model[f"k{i % 1500}"] = i
             if cid % 3 == 0:  # compaction replaces SSTs: old shared files become unreferenced
-                kb._ensure_open()
-                for cf in kb._cfs.values():
+                kb.ensure_open()
+                for cf in kb.cfs.values():
                     cf.compact_range(None, None)
             checkpoint(kb, access, cid)
             expected[cid] = dict(model)
@@ -288,7 +289,7 @@ def test_discarding_retained_checkpoints_keeps_referenced_shared_files(tmp_path)
 
 
 def _paths(body):
-    from statekit.checkpoint.streams import file_paths
+    from statekit.checkpoint.handles import file_paths
 
     return file_paths(body)
 
@@ -317,7 +318,7 @@ def test_rescale_4_2_3_with_many_files(tmp_path, kind, incremental):
             assert got == expected
             for backend_part in cluster.partitions:  # foreign key groups were deleted
                 rng = backend_part.key_group_range
-                for key in backend_part._cfs["v"].keys():  # noqa: SIM118 - an Rdict
+                for key in backend_part.cfs["v"].keys():  # noqa: SIM118 - an Rdict
                     assert int.from_bytes(key[:2], "big") in rng
     finally:
         cluster.close()
@@ -348,7 +349,7 @@ def test_ttl_compaction_filter_sweep_and_savepoint_cleanup(tmp_path):
             state.update(i)
         clock.now += 20_000
         checkpoint(kb, access, 1)  # the bounded sweep deletes expired entries from the live db
-        assert list(kb._cfs["ttl"].keys()) == []
+        assert list(kb.cfs["ttl"].keys()) == []
     finally:
         kb.dispose()
 
@@ -369,12 +370,12 @@ def test_ttl_compaction_filter_budget_and_periodic_pass(tmp_path):
             state.update(i)
         clock.now += 20_000  # all expired
         checkpoint(kb, access, 1)
-        assert len(list(kb._cfs["ttl"].keys())) == 16  # the first 4 looked at and dropped
+        assert len(list(kb.cfs["ttl"].keys())) == 16  # the first 4 looked at and dropped
         checkpoint(kb, access, 2)
-        assert len(list(kb._cfs["ttl"].keys())) == 12
+        assert len(list(kb.cfs["ttl"].keys())) == 12
         clock.now += 60_000  # the pass started a minute ago: it is finished now
         checkpoint(kb, access, 3)
-        assert list(kb._cfs["ttl"].keys()) == []
+        assert list(kb.cfs["ttl"].keys()) == []
     finally:
         kb.dispose()
 
@@ -391,7 +392,7 @@ def test_ttl_filter_disabled_keeps_entries(tmp_path):
         kb.get_partitioned_state(d).update(1)
         clock.now += 20_000
         checkpoint(kb, storage_access(tmp_path), 1)
-        assert len(list(kb._cfs["ttl"].keys())) == 1
+        assert len(list(kb.cfs["ttl"].keys())) == 1
     finally:
         kb.dispose()
 
@@ -456,7 +457,7 @@ def test_predefined_spinning_disk_high_mem(managed):
                      "filter_policy=bloomfilter", "level_compaction_dynamic_level_bytes=true",
                      "compaction_style=kCompactionStyleLevel"):
             assert text.count(line) == 2, line
-        capacity = kb._db.property_int_value("rocksdb.block-cache-capacity")
+        capacity = kb.db.property_int_value("rocksdb.block-cache-capacity")
         if managed:  # the shared cache: the budget less the write buffers' share
             assert capacity == pytest.approx(DEFAULT_MANAGED_BYTES * 2.5 / 3, rel=0.01)
             assert text.count("cache_index_and_filter_blocks=true") == 2

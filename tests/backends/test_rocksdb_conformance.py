@@ -11,7 +11,8 @@ import pytest
 
 from statekit import workdirs
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
-from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.testing.conformance import BackendConformance
 from statekit.testing.stateful import model_test
 from tests.tmpfs import rocksdb_dir

@@ -12,7 +12,7 @@ from statekit import (
     ValueStateDescriptor,
 )
 from statekit.backends.transfer import restore_into
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer
 

@@ -14,10 +14,10 @@ from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 from statekit.backends.structure import reusing_native_dbs
 from statekit.backends.transfer import restore_into
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.checkpoint.metadata import encode_metadata
 from statekit.checkpoint.savepoint import open_external
 from statekit.checkpoint.schema import recorded_key_groups
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.inspection import convert_savepoint, open_checkpoint
 from statekit.inspection.arrow import to_json
 from statekit.serde.keygroups import key_group_range_for_operator

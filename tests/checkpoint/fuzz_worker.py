@@ -191,6 +191,11 @@ def run(kind: str, base: str, seed: int, count: int, emit: Callable[[dict[str, A
     expected, rows = expected_state(2), expected_rows(2)
     assert restore_and_read(kind, f"{source}/chk-2") == expected
     assert inspect_state(f"{source}/chk-2") == rows
+    intact = f"{base}/intact"  # garbage collection keeps what a restore reads, whatever the seed
+    shutil.copytree(source, f"{intact}/job", symlinks=True)
+    assert collect_garbage(f"{intact}/job", delete=True) is not None
+    assert restore_and_read(kind, f"{intact}/job/chk-2") == expected
+    shutil.rmtree(intact)
     rng = random.Random(seed)
     for n in range(count):
         work, outside = f"{base}/m{n}", f"{base}/outside{n}"

@@ -25,7 +25,7 @@ from statekit import (
 from statekit.backends.base import SnapshotRun
 from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.checkpoint.config import CheckpointConfig
-from statekit.checkpoint.storage import CheckpointStorageAccess
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError
 from statekit.runtime.coordinator import CheckpointCoordinator

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from statekit.checkpoint.blobstore import FsspecBlobStore
-from statekit.checkpoint.storage import CheckpointStorageAccess
-from statekit.checkpoint.streams import file_paths
+from statekit.checkpoint.handles import file_paths
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.testing.faults import KILL_AT_ENV
 

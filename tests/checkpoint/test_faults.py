@@ -20,16 +20,14 @@ import fsspec
 import pytest
 
 from statekit.checkpoint.blobstore import FsspecBlobStore
+from statekit.checkpoint.blobstore.retry import RetryPolicy, TransientStorageError, is_transient
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.handles import file_paths
+from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
-from statekit.checkpoint.retry import RetryPolicy, TransientStorageError, is_transient
-from statekit.checkpoint.storage import (
-    RECOVER_FROM_OLDER_KEY,
-    CheckpointStorageAccess,
-    FileSystemCheckpointStorage,
-    open_external,
-)
-from statekit.checkpoint.streams import StateReader, file_paths
+from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.savepoint import open_external
 from statekit.errors import (
     CheckpointError,
     CheckpointStorageError,

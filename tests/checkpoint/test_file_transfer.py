@@ -14,8 +14,8 @@ import pytest
 from statekit.checkpoint.blobstore import FsspecBlobStore, MemoryBlobStore, set_operation_hook
 from statekit.checkpoint.blobstore import local as local_store_module
 from statekit.checkpoint.checksum import crc32, crc32_combine, file_crc
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.checkpoint.reader import StateReader
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import (
     CheckpointError,
@@ -182,7 +182,7 @@ def test_local_get_file_link_falls_back_to_copy(tmp_path, monkeypatch):
 
 
 def test_remote_put_file_retries_transient_errors(tmp_path):
-    from statekit.checkpoint.retry import RetryPolicy, TransientStorageError
+    from statekit.checkpoint.blobstore.retry import RetryPolicy, TransientStorageError
 
     store = FsspecBlobStore(f"memory://statekit-ft-{uuid.uuid4().hex}",
                             retry=RetryPolicy(retries=2, initial_backoff=0.001, max_backoff=0.001))

@@ -11,7 +11,7 @@ import pytest
 
 from statekit.checkpoint.blobstore import FsspecBlobStore, set_operation_hook
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import CheckpointNotFoundError, CheckpointStorageError
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.runtime.functions import KeyedProcessFunction

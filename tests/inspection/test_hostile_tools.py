@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from statekit.backends.structure import reusing_native_dbs
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.cli import main
 from statekit.errors import ChecksumMismatchError, ConfigError, CorruptCheckpointError
 from statekit.inspection import (

@@ -16,8 +16,8 @@ from statekit import (
     RestartStrategies,
     StreamExecutionEnvironment,
 )
+from statekit import config as cfg
 from statekit.errors import ConfigError, UnknownPluginError
-from statekit.runtime import config as cfg
 
 
 def test_checkpoint_config_defaults_and_setters():

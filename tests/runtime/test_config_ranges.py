@@ -9,7 +9,8 @@ import math
 import pytest
 
 from statekit.backends.heap import HashMapStateBackend
-from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.durations import Time, to_millis
 from statekit.errors import ConfigError
 from statekit.runtime.environment import StreamExecutionEnvironment

@@ -15,7 +15,7 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
-from statekit.checkpoint.storage import open_external
+from statekit.checkpoint.savepoint import open_external
 from statekit.errors import JobExecutionError, StateSizeError, StateTypeError
 
 ITEMS = [(f"user{i % 13}", i) for i in range(3000)]

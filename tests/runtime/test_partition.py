@@ -4,7 +4,8 @@ reused only when it is the committed lineage; otherwise the partition restores."
 import pytest
 
 from statekit import HashMapStateBackend, Types, ValueStateDescriptor
-from statekit.checkpoint.storage import FileSystemCheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.runtime import partition as partition_module
 from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token
 from statekit.serde.types import GenericSerializer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from statekit import EmbeddedRocksDBStateBackend, HashMapStateBackend, Types, ValueStateDescriptor
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import UnsafePathError
 from statekit.runtime.localrecovery import ROOT_NAME
 from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token

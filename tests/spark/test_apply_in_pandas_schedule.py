@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from statekit import HashMapStateBackend, KeyedProcessFunction, Types, ValueStateDescriptor
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.spark import apply_in_pandas as aip
 from statekit.spark.task import AdapterSpec, TaskInfo
 from tests.spark.test_apply_in_pandas_lineage import (

@@ -16,22 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from statekit.backends.kvformat import (  # noqa: F401 (kept importable from here)
-    KV_FORMAT,
-    KV_FORMATS,
-    PLAIN_PART_BYTES,
-    KvStateData,
-    check_kv_handle,
-    group_entries,
-    kv_handle,
-    plain_in_range,
-    plain_parts,
-    read_kv_entry,
-    read_kv_states,
-    read_plain_entry,
-    write_kv_state,
-    write_plain_entry,
-)
 from statekit.backends.namespaces import NamespacedStates
 from statekit.configurable import Configurable
 from statekit.errors import (

@@ -14,14 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from statekit.backends.kinds import stored_check
-from statekit.backends.kvschema import (  # noqa: F401 (the schema pass, importable from here)
-    STATE_KINDS,
-    check_entry,
-    check_kind,
-    check_kv_states,
-    check_state_count,
-    check_states,
-)
+from statekit.backends.kvschema import check_kv_states
 from statekit.checkpoint import schema
 from statekit.checkpoint.checksum import part_locations
 from statekit.errors import CorruptCheckpointError, SerializationError

@@ -13,11 +13,9 @@ from typing import Any
 from statekit import config as cfg
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.heap import HashMapStateBackend
-from statekit.checkpoint.storage import (
-    CheckpointStorage,
-    FileSystemCheckpointStorage,
-    JobManagerCheckpointStorage,
-)
+from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import ConfigError
 from statekit.registry import backend_registry
 from statekit.serde.keygroups import KeyGroupRange

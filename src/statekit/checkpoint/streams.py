@@ -16,17 +16,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from statekit.checkpoint.blobstore.base import BlobStore
-from statekit.checkpoint.checksum import (  # noqa: F401 (crc32_combine, file_crc: importable here)
-    combined_crc,
-    crc32,
-    crc32_combine,
-    crc_while_copying,
-    file_crc,
-    locate,
-    part_locations,
-)
-from statekit.checkpoint.handles import file_handle, file_paths, inline_handle  # noqa: F401
-from statekit.checkpoint.reader import StateReader  # noqa: F401 (importable from here)
+from statekit.checkpoint.checksum import combined_crc, crc32, crc_while_copying, part_locations
+from statekit.checkpoint.handles import file_handle, inline_handle
 from statekit.errors import CheckpointError, StateSizeError
 
 SHARED_PREFIX = "shared/"

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, RestoreSource, StateBackend
+from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
+from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.checkpoint.localstate import TaskLocalStateStore
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.savepoint import open_external
 from statekit.checkpoint.schema import OPERATOR_STATE
-from statekit.checkpoint.storage import CheckpointStorage, CheckpointStorageAccess
 from statekit.config import default
 from statekit.errors import (
     CheckpointNotFoundError,

@@ -18,7 +18,8 @@ from typing import Any
 
 from statekit import config as cfg
 from statekit.backends.base import StateBackend
-from statekit.checkpoint.storage import CheckpointStorage, JobManagerCheckpointStorage
+from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import ConfigError, StateError, StatekitError
 from statekit.runtime.checkpointed import refuse_operator_state
 from statekit.runtime.environment import backend_from_config, storage_from_config

@@ -209,16 +209,3 @@ class ValueBackedAggregatingState(AggregatingState):
 
     def clear(self) -> None:
         self._inner.clear()
-
-
-_TTL_NAMES = ("TtlListState", "TtlMapState", "TtlPolicy", "TtlSerializer", "TtlValueState")
-
-
-def __getattr__(name: str) -> Any:
-    """The TTL layer's names, still importable from here where they were defined before
-    :mod:`statekit.state.ttl` (which builds on these interfaces) took them."""
-    if name in _TTL_NAMES:
-        from statekit.state import ttl
-
-        return getattr(ttl, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -204,7 +204,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             return True
         return base["log_bytes"] > self.max_log_ratio * max(1, base["base_bytes"])
 
-    def _begin_attempt(self, checkpoint_id: int, tables: list[HeapTable]
+    def begin_attempt(self, checkpoint_id: int, tables: list[HeapTable]
                        ) -> tuple[bool, dict[str, set[Any]]]:
         """Track an incremental attempt: whether it writes a new base, and otherwise the keys
         changed since the confirmed base (in-flight attempts' changes included)."""
@@ -222,10 +222,21 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             self._fold_back(self._attempts.pop(min(self._attempts)))
         return materialize, changed
 
-    def _record_handle(self, checkpoint_id: int, handle: dict[str, Any]) -> None:
+    def record_handle(self, checkpoint_id: int, handle: dict[str, Any]) -> None:
+        """The handle an incremental attempt wrote (confirmed by its completion notice)."""
         attempt = self._attempts.get(checkpoint_id)
         if attempt is not None:
             attempt["handle"] = handle
+
+    @property
+    def restored_states(self) -> dict[str, Restored]:
+        """Restored states no one registered yet (plain values), carried over by snapshots."""
+        return self._restored
+
+    @property
+    def confirmed_handle(self) -> dict[str, Any] | None:
+        """The handle of the last confirmed incremental checkpoint (the next one's base)."""
+        return self._confirmed
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable: its handle becomes the base of later incremental ones."""

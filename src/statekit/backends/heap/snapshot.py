@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from statekit.backends.base import SnapshotRun, StateMeta
+from statekit.backends.heap.fork import Part, fork_collect, fork_kill, fork_serialize
 from statekit.backends.heap.table import Capture, dict_reader
 from statekit.backends.kvformat import (
     PACE_SLICE,
     KvStateData,
-    check_states,
     group_entries,
     handle_header,
     indexed_blob,
@@ -35,17 +34,48 @@ from statekit.backends.kvformat import (
     reader_parts,
     write_plain_entry,
 )
+from statekit.backends.kvschema import check_states
 from statekit.checkpoint import schema
-from statekit.checkpoint.blobstore.base import write_all
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.config import default
 from statekit.errors import CheckpointError, ConfigError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
-from statekit.serde.msgpack import packb, unpackb
+from statekit.serde.msgpack import packb
 
 if TYPE_CHECKING:
-    from statekit.backends.heap.backend import HeapKeyedStateBackend
-    from statekit.backends.heap.table import HeapTable
+    from statekit.backends.heap.table import HeapTable, Restored
+    from statekit.serde.keytypes import KeyCheck
+    from statekit.serde.serializers import TypeSerializer
+
+
+class SnapshotSource(Protocol):
+    """What a heap snapshot uses of its backend (:class:`~statekit.backends.heap.backend.
+    HeapKeyedStateBackend`): its tables and settings, the incremental bookkeeping, and the
+    header fields of a task handle.  The backend imports this module, never the other way."""
+
+    tables: dict[str, HeapTable]
+    key_serializer: TypeSerializer
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    backend_name: str
+    key_check: KeyCheck
+    incremental: bool
+    pace_ratio: float
+    current_key: Any
+
+    @property
+    def restored_states(self) -> dict[str, Restored]: ...
+
+    @property
+    def confirmed_handle(self) -> dict[str, Any] | None: ...
+
+    def begin_attempt(self, checkpoint_id: int, tables: list[HeapTable]
+                      ) -> tuple[bool, dict[str, set[Any]]]: ...
+
+    def record_handle(self, checkpoint_id: int, handle: dict[str, Any]) -> None: ...
+
+    def check_not_disposed(self) -> None: ...
+
 
 #: what a snapshot reads of one table: a pending :class:`Capture` of the live dict (thread mode),
 #: or the dict itself when nothing changes it meanwhile (synchronous snapshots, fork)
@@ -199,16 +229,11 @@ def _entry_size(entry: dict[str, Any]) -> int:
     return int(entry["data"].get("size", 0))
 
 
-# one state as written by a snapshot: (name, kind, layout, encoding, payload), the payload being
-# ``(index, blob)`` for an indexed entry and an iterable of packed parts for a plain one
-_Part = tuple[str, str, list[Any], str, Any]
-
-
 class HeapSnapshotStrategy:
     """One snapshot of a heap backend: savepoints as key-grouped (indexed) entries, checkpoints
     and incremental bases as plain parts (packed lazily, while writing), otherwise changelogs."""
 
-    def __init__(self, backend: HeapKeyedStateBackend, checkpoint_id: int,
+    def __init__(self, backend: SnapshotSource, checkpoint_id: int,
                  streams: CheckpointStreams, savepoint: bool) -> None:
         self.backend = backend
         self.checkpoint_id = checkpoint_id
@@ -234,10 +259,10 @@ class HeapSnapshotStrategy:
                 if t.staged is not None:
                     t.settle()
             self.views = [(t, t.data) for t in tables]
-        self.restored = dict(backend._restored)
-        self.base = backend._confirmed
+        self.restored = dict(backend.restored_states)
+        self.base = backend.confirmed_handle
         if self.incremental:
-            self.materialize, self.changed = backend._begin_attempt(self.checkpoint_id, tables)
+            self.materialize, self.changed = backend.begin_attempt(self.checkpoint_id, tables)
 
     def _copy_out(self, pace: Callable[[], None] | None) -> list[tuple[HeapTable, Any]]:
         """First step of an asynchronous snapshot: the captures of immutable values are copied
@@ -254,9 +279,9 @@ class HeapSnapshotStrategy:
             out.append((table, view))
         return out
 
-    def produce(self, pace: Callable[[], None] | None) -> list[_Part]:
-        """What this snapshot writes, one ``_Part`` per state (registered or only restored)."""
-        out: list[_Part] = []
+    def produce(self, pace: Callable[[], None] | None) -> list[Part]:
+        """What this snapshot writes, one ``Part`` per state (registered or only restored)."""
+        out: list[Part] = []
         maxp = self.backend.max_parallelism
         for table, view in self._copy_out(pace):
             meta = table.meta
@@ -275,7 +300,7 @@ class HeapSnapshotStrategy:
             out.extend(self._carried_over(pace))
         return out
 
-    def _carried_over(self, pace: Callable[[], None] | None) -> Iterator[_Part]:
+    def _carried_over(self, pace: Callable[[], None] | None) -> Iterator[Part]:
         """Restored states nobody registered yet, written unchanged (still in plain form)."""
         key_ser, maxp = self.backend.key_serializer, self.backend.max_parallelism
         for name, data in self.restored.items():
@@ -291,7 +316,7 @@ class HeapSnapshotStrategy:
                                     key_plain=None if key_ser.identity else key_ser.to_plain)
                 yield (name, data.kind, data.layout, "plain", parts)
 
-    def finish(self, parts: list[_Part]) -> dict[str, Any]:
+    def finish(self, parts: list[Part]) -> dict[str, Any]:
         """Upload the serialized parts and build the task handle (a backend disposed meanwhile
         fails the snapshot, as Flink's and the RocksDB backend's do)."""
         streams, backend = self.streams, self.backend
@@ -328,7 +353,7 @@ class HeapSnapshotStrategy:
             "base_bytes": base_bytes,
             "log_bytes": log_bytes,
         }
-        backend._record_handle(self.checkpoint_id, handle)
+        backend.record_handle(self.checkpoint_id, handle)
         return handle
 
 
@@ -403,80 +428,17 @@ class ForkSnapshotRun(SnapshotRun):
     def __init__(self, strategy: HeapSnapshotStrategy) -> None:
         super().__init__()
         self._strategy = strategy
-        self._pid, self._fd = _fork_serialize(lambda: strategy.produce(None))
+        self._pid, self._fd = fork_serialize(lambda: strategy.produce(None))
         self._open = True
 
     def run(self) -> dict[str, Any]:
         self._open = False
-        return self._strategy.finish(_fork_collect(self._pid, self._fd))
+        return self._strategy.finish(fork_collect(self._pid, self._fd))
 
     def cancel(self) -> None:
         if self._open:
             self._open = False
-            _fork_kill(self._pid, self._fd)
-
-
-def _fork_serialize(produce: Callable[[], list[_Part]]) -> tuple[int, int]:
-    """Fork a child that runs ``produce`` on its frozen copy of memory and streams the result
-    into a pipe; returns ``(pid, read fd)``.  The parent never holds the GIL for serialization."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 1
-        try:
-            os.close(read_fd)
-            rows = []
-            for name, kind, layout, encoding, payload in produce():
-                if encoding == "plain":
-                    rows.append([name, kind, layout, encoding, list(payload)])
-                else:
-                    index, blob = payload
-                    rows.append([name, kind, layout, encoding,
-                                 [[[kg, *loc] for kg, loc in index.items()], blob]])
-            write_all(write_fd, packb(rows))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    return pid, read_fd
-
-
-def _fork_collect(pid: int, read_fd: int) -> list[_Part]:
-    """Read the child's serialized states and reap it."""
-    chunks = []
-    try:
-        while True:
-            data = os.read(read_fd, 1 << 20)
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        os.close(read_fd)
-        _, status = os.waitpid(pid, 0)
-    if status != 0:
-        raise CheckpointError(f"the snapshot child process failed (wait status {status})")
-    parts: list[_Part] = []
-    for name, kind, layout, encoding, payload in unpackb(b"".join(chunks)):
-        if encoding != "plain":
-            rows, blob = payload
-            payload = ({int(row[0]): list(row[1:]) for row in rows}, blob)
-        parts.append((name, kind, layout, encoding, payload))
-    return parts
-
-
-def _fork_kill(pid: int, read_fd: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        os.close(read_fd)
-    except OSError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+            fork_kill(self._pid, self._fd)
 
 
 #: the run class of each mode; ``sync`` when the backend's snapshots are synchronous

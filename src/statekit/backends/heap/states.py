@@ -7,9 +7,9 @@ pending (or the backend is incremental) and removals call into the table.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from statekit.backends.base import NO_KEY
+from statekit.backends.base import NO_KEY, KeyedStateBackend
 from statekit.backends.heap.table import HeapTable
 from statekit.errors import StateError
 from statekit.serde.serializers import TypeSerializer
@@ -22,10 +22,6 @@ from statekit.state.api import (
     check_value,
 )
 
-if TYPE_CHECKING:
-    from statekit.backends.heap.backend import HeapKeyedStateBackend
-
-
 #: no user key was checked yet (None is a key a check refuses, so it cannot mark that)
 _UNCHECKED: Any = object()
 
@@ -35,7 +31,7 @@ class _HeapState:
 
     __slots__ = ("_b", "_check", "_exact", "_high", "_low", "_name", "_t")
 
-    def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
+    def __init__(self, backend: KeyedStateBackend, table: HeapTable,
                  element: TypeSerializer) -> None:
         self._b = backend
         self._t = table
@@ -201,7 +197,7 @@ class HeapMapState(_HeapState, MapState):
 
     __slots__ = ("_shared_reads", "_ukey", "_ukey_exact", "_ukey_ok")
 
-    def __init__(self, backend: HeapKeyedStateBackend, table: HeapTable,
+    def __init__(self, backend: KeyedStateBackend, table: HeapTable,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
         super().__init__(backend, table, element)
         self._ukey = user_key

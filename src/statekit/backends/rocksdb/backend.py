@@ -59,37 +59,37 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  instance_dir: str, options: Callable[[], Options],
                  incremental: bool = False, transfer_threads: int = 1,
                  ttl_compaction_filter: bool = True, timer_factory: str = "ROCKSDB") -> None:
-        self._prefix: bytes | None = None
+        self.current_prefix: bytes | None = None
         # prefixes of str/int/bytes keys, cached once the key passed the declared key type's
         # check (so a cache hit needs none)
         self._prefix_caches: dict[type, dict[Any, bytes]] = {str: {}, int: {}, bytes: {}}
         self._key_ser = as_key_serializer(key_serializer).serialize  # canonical key bytes
-        self._kgp = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
+        self.kg_prefixes = [kg.to_bytes(2, "big") for kg in range(max_parallelism)]
         super().__init__(key_serializer, key_group_range, max_parallelism, clock, True)
         self.instance_dir = Path(instance_dir)
         self.db_path = self.instance_dir / "db"
-        self._options = options
+        self.options = options
         self.incremental = incremental
         self.transfer_threads = max(1, int(transfer_threads))
         self.ttl_compaction_filter = ttl_compaction_filter
         self._wo = write_options()
-        self._db: Any = None
-        self._cfs: dict[str, Rdict] = {}
-        self._state_info: dict[str, dict[str, Any]] = {}  # name -> {"layout", "kind"}
+        self.db: Any = None
+        self.cfs: dict[str, Rdict] = {}
+        self.state_info: dict[str, dict[str, Any]] = {}  # name -> {"layout", "kind"}
         self._rstates: dict[str, RocksState] = {}
-        self._metas: dict[str, StateMeta] = {}
-        self._sweep_cursor: dict[str, tuple[bytes, int]] = {}  # TTL sweep: position, pass start
+        self.metas: dict[str, StateMeta] = {}
+        self.sweep_cursor: dict[str, tuple[bytes, int]] = {}  # TTL sweep: position, pass start
         self._lock = threading.Lock()
         self._pending: dict[int, dict[str, dict[str, Any]]] = {}
-        self._confirmed: dict[str, dict[str, Any]] = {}
+        self.confirmed: dict[str, dict[str, Any]] = {}
         self._confirmed_id = -1
         self._pid = os.getpid()
-        self._disposed = False
+        self.disposed = False
         self._timer_queues: dict[str, TimerQueue] = {}
         self._native_queues: dict[str, RocksDBTimerQueue] = {}
         #: timers on the heap (``timer-service.factory: HEAP``), and restored ones in transit
         self.heap_timers = timer_factory == "HEAP"
-        self._heap = HeapTimers(self)
+        self.heap_store = HeapTimers(self)
         live_backends.add(self)
 
     # --- current key: the key-group prefix is computed once per key --------------------------------
@@ -116,55 +116,57 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 if not self.key_check.passes(key):
                     self.key_check.check_type(key)
                 kb = self._key_ser(key)
-                prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+                prefix = self.kg_prefixes[key_group_for_bytes(kb, self.max_parallelism)] + kb
                 if len(cache) >= _PREFIX_CACHE_SIZE:
                     cache.clear()
                 cache[key] = prefix
-            self._prefix = prefix
+            self.current_prefix = prefix
         elif key is NO_KEY:
-            self._prefix = None
+            self.current_prefix = None
         else:
             if not self.key_check.passes(key):
                 self.key_check.check_type(key)  # serializing checks that it is a key at all
             kb = self._key_ser(key)
-            self._prefix = self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+            self.current_prefix = self.kg_prefixes[key_group_for_bytes(kb, self.max_parallelism)] + kb
         self._current_key = key
 
     def key_prefix(self, key: Any) -> bytes:
         """Key group and serialized key of ``key``: the prefix of its entries in every state."""
-        if key is self._current_key and self._prefix is not None:
-            return self._prefix
+        if key is self._current_key and self.current_prefix is not None:
+            return self.current_prefix
         kb = self._key_ser(key)
-        return self._kgp[key_group_for_bytes(kb, self.max_parallelism)] + kb
+        return self.kg_prefixes[key_group_for_bytes(kb, self.max_parallelism)] + kb
 
     # --- the database ------------------------------------------------------------------------------
 
-    def _ensure_open(self) -> Any:
-        if self._db is None:
-            if self._disposed:
+    def ensure_open(self) -> Any:
+        """The open database (opened on first use; StateError once disposed)."""
+        if self.db is None:
+            if self.disposed:
                 raise StateError("the RocksDB state backend was disposed")
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = open_db(self.db_path, self._options)
-            self._db.set_write_options(self._wo)
+            self.db = open_db(self.db_path, self.options)
+            self.db.set_write_options(self._wo)
             self._pid = os.getpid()
-        return self._db
+        return self.db
 
-    def _cf(self, name: str) -> Rdict:
-        cf = self._cfs.get(name)
+    def cf(self, name: str) -> Rdict:
+        """The column family of state ``name``, created on first use."""
+        cf = self.cfs.get(name)
         if cf is None:
-            db = self._ensure_open()
+            db = self.ensure_open()
             try:
                 cf = db.get_column_family(name)
             except Exception:
-                cf = db.create_column_family(name, self._options())
+                cf = db.create_column_family(name, self.options())
             cf.set_write_options(self._wo)
-            self._cfs[name] = cf
+            self.cfs[name] = cf
         return cf
 
     def _create_state(self, meta: StateMeta) -> State:
-        cf = self._cf(meta.name)
-        self._state_info[meta.name] = {"layout": meta.layout, "kind": meta.kind}
-        self._metas[meta.name] = meta
+        cf = self.cf(meta.name)
+        self.state_info[meta.name] = {"layout": meta.layout, "kind": meta.kind}
+        self.metas[meta.name] = meta
         stored = meta.stored_serializer
         state: RocksState
         if meta.kind == "value":
@@ -177,14 +179,25 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return state  # type: ignore[return-value]
 
     def _keys_of(self, state: str) -> Iterator[Any]:
-        info = self._state_info.get(state)
+        info = self.state_info.get(state)
         if info is None:
             return iter(())
         deserialize = self.key_serializer.deserialize
-        return (deserialize(kb) for kb in key_bytes(self._cf(state), info["kind"]))
+        return (deserialize(kb) for kb in key_bytes(self.cf(state), info["kind"]))
 
-    def _state_names(self) -> list[str]:
-        return sorted(self._state_info)
+    def registered_descriptor(self, name: str) -> StateDescriptor | None:
+        """The descriptor state ``name`` was registered with (None: only restored so far)."""
+        registered = self._states.get(name)
+        return registered[0] if registered is not None else None
+
+    def note_restored(self, name: str, entry: dict[str, Any]) -> None:
+        """Record a restored state's layout (checked when it is registered) and kind."""
+        self._restored_layouts[name] = entry["layout"]
+        self.state_info[name] = {"layout": entry["layout"], "kind": entry["kind"]}
+
+    def state_names(self) -> list[str]:
+        """Every state the database holds (registered or only restored), sorted."""
+        return sorted(self.state_info)
 
     def timer_queue(self, name: str, create: bool = True) -> TimerQueue | None:
         """The timer queue ``name``: two column families (by key, by time) and each key group's
@@ -192,57 +205,58 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         queue = self._timer_queues.get(name)
         if queue is None and self.heap_timers:
             state = timer_state_name(name)
-            if not create and state not in self._heap.restored:
+            if not create and state not in self.heap_store.restored:
                 return None
-            queue = self._heap.queue(name, timer_meta(name, self.key_serializer))
+            queue = self.heap_store.queue(name, timer_meta(name, self.key_serializer))
             if self.timer_interceptor is not None:
                 queue = self.timer_interceptor(queue)
             self._timer_queues[name] = queue
         if queue is None:
             state = timer_state_name(name)
-            info = self._state_info.get(state)
+            info = self.state_info.get(state)
             if info is None and not create:
                 return None
             if info is not None and info["kind"] != TIMERS_KIND:
                 raise CorruptCheckpointError(
                     f"state '{state}': expected timers, the checkpoint holds a {info['kind']} "
                     "state")
-            self._state_info[state] = {"layout": list(TIMERS_LAYOUT), "kind": TIMERS_KIND}
+            self.state_info[state] = {"layout": list(TIMERS_LAYOUT), "kind": TIMERS_KIND}
             native = self._native_queues[name] = RocksDBTimerQueue(name, self)
             queue = native if self.timer_interceptor is None else self.timer_interceptor(native)
             self._timer_queues[name] = queue
         return queue
 
-    def _poison(self, why: str, error: type[Exception] = StateError) -> None:
+    def poison(self, why: str, error: type[Exception] = StateError) -> None:
+        """Make every state and timer queue raise ``error(why)`` (the database is gone)."""
         bad = Unusable(why, error)
         for state in self._rstates.values():
             state._bind(bad, bad)
         for queue in self._native_queues.values():
             queue.poison(bad)
-        self._cfs.clear()
+        self.cfs.clear()
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a forked child: the parent owns the database; never touch (or delete) it here.
 
         The native handles are leaked on purpose: releasing them would run RocksDB code whose
         mutexes a parent thread may have held at fork time (a deadlock in the child).
         """
-        inherited.append((self._db, list(self._cfs.values()),
+        inherited.append((self.db, list(self.cfs.values()),
                            [(state._cf, state._handle) for state in self._rstates.values()]))
-        self._poison(
+        self.poison(
             f"this RocksDB state backend was opened in process {self._pid} before a fork; "
             "RocksDB is not fork-safe, so create the backend (open the database) after forking",
             BackendLockedError,
         )
-        self._db = Unusable("database inherited through fork")
-        self._disposed = True
+        self.db = Unusable("database inherited through fork")
+        self.disposed = True
 
     def close(self) -> None:
         """Flush and close the database, keeping its files (releases the process lock)."""
-        if self._db is None or isinstance(self._db, Unusable):
+        if self.db is None or isinstance(self.db, Unusable):
             return
-        self._poison("the RocksDB state backend was closed")
-        db, self._db = self._db, None
+        self.poison("the RocksDB state backend was closed")
+        db, self.db = self.db, None
         try:
             db.flush()
         finally:
@@ -256,7 +270,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         prefixes = []
         for key in keys:
             self.set_current_key(key)
-            prefixes.append(self._prefix)
+            prefixes.append(self.current_prefix)
         return prefixes
 
     def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
@@ -287,7 +301,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 if valid(value) is not None:
                     check_value(state._check, value, descriptor.name)
                 batch.put(prefix, ser(value), handle)
-        self._ensure_open().write(batch)
+        self.ensure_open().write(batch)
 
     def _each(self, keys: Sequence[Any]) -> Iterator[Any]:
         for key in keys:
@@ -295,23 +309,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             yield key
 
     def dispose(self) -> None:
-        if self._disposed:
+        if self.disposed:
             return
-        if self._db is not None and not isinstance(self._db, Unusable):
-            self._poison("the RocksDB state backend was disposed")
-            db, self._db = self._db, None
+        if self.db is not None and not isinstance(self.db, Unusable):
+            self.poison("the RocksDB state backend was disposed")
+            db, self.db = self.db, None
             try:
                 db.close()
             except Exception:  # noqa: S110 - the directory is deleted below anyway
                 pass
-        self._disposed = True
+        self.disposed = True
         self._states.clear()
         self._timer_queues.clear()
         self._native_queues.clear()
         workdirs.remove(self.instance_dir)
         live_backends.discard(self)
 
-    def _pool_map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    def pool_map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """``fn`` over ``items``, on ``transfer_threads`` threads when there is more than one."""
         if self.transfer_threads <= 1 or len(items) <= 1:
             return [fn(item) for item in items]
@@ -326,7 +340,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """A native checkpoint now (hard links); the run uploads it, or writes a savepoint."""
         return RocksDBSnapshotStrategy(self).snapshot(checkpoint_id, streams, savepoint)
 
-    def _track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:
+    def track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:
         """Remember an incremental checkpoint's SSTs: its base once it is confirmed."""
         with self._lock:
             self._pending[checkpoint_id] = dict(sst)
@@ -335,7 +349,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         with self._lock:
             ssts = self._pending.pop(checkpoint_id, None)
             if ssts is not None and checkpoint_id > self._confirmed_id:
-                self._confirmed = ssts
+                self.confirmed = ssts
                 self._confirmed_id = checkpoint_id
             for cid in [c for c in self._pending if c < checkpoint_id]:
                 del self._pending[cid]

@@ -9,24 +9,30 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rocksdict import AccessType, Options, Rdict, WriteOptions
 
 from statekit.errors import BackendLockedError, CheckpointError, CorruptCheckpointError
 
-if TYPE_CHECKING:
-    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+class ForkAware(Protocol):
+    """What the fork hook needs of an open backend (the backend imports this module)."""
+
+    def forked(self) -> None:
+        """Called in a forked child: stop using the parent's database."""
+        ...
+
 
 _DEFAULT_CF = "default"
 
-live_backends: weakref.WeakSet[RocksDBKeyedStateBackend] = weakref.WeakSet()
+live_backends: weakref.WeakSet[ForkAware] = weakref.WeakSet()
 inherited: list[Any] = []  # handles inherited through fork: never released in the child
 
 
 def _after_fork_in_child() -> None:
     for backend in list(live_backends):
-        backend._forked()
+        backend.forked()
 
 
 if hasattr(os, "register_at_fork"):

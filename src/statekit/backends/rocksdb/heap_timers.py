@@ -12,13 +12,12 @@ their column families, and heap-held ones restored into a RocksDB-timer backend 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import WriteBatch
 
 from statekit.backends.heap.table import Capture, HeapTable
 from statekit.backends.kvformat import (
-    check_states,
     group_entries,
     plain_in_range,
     read_plain_entry,
@@ -26,8 +25,9 @@ from statekit.backends.kvformat import (
     write_kv_state,
     write_plain_entry,
 )
+from statekit.backends.kvschema import check_states
 from statekit.backends.rocksdb.encoding import KG_END
-from statekit.backends.rocksdb.timers import index_name, ts8
+from statekit.backends.rocksdb.timers import TimerOwner, index_name, ts8
 from statekit.backends.timers import (
     TIMERS_KIND,
     TIMERS_LAYOUT,
@@ -44,10 +44,22 @@ from statekit.serde.msgpack import packb
 
 if TYPE_CHECKING:
     from statekit.backends.base import StateMeta
-    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
     from statekit.checkpoint.reader import StateReader
 
 FACTORIES = ("ROCKSDB", "HEAP")
+
+
+class HeapTimerOwner(TimerOwner, Protocol):
+    """What the heap timers use of a RocksDB backend beyond a timer queue's needs: the states'
+    kinds, the open database and its key-group range."""
+
+    state_info: dict[str, dict[str, Any]]
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+
+    def ensure_open(self) -> Any:
+        """The open database."""
+        ...
 
 
 def check_heap_timers(task: dict[str, Any], path: str, recorded: KeyGroupRange) -> None:
@@ -63,7 +75,7 @@ def check_heap_timers(task: dict[str, Any], path: str, recorded: KeyGroupRange) 
 class HeapTimers:
     """The heap timer queues of one RocksDB backend, and the timers restored for them."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+    def __init__(self, backend: HeapTimerOwner) -> None:
         self.backend = backend
         self.tables: dict[str, HeapTable] = {}  # by state name
         self.restored: dict[str, dict[Any, list[int]]] = {}  # by state name, not queued yet
@@ -106,32 +118,32 @@ class HeapTimers:
         """After a restore: timers go where the backend keeps them (see the module docstring)."""
         backend = self.backend
         if use_heap:
-            for name, info in list(backend._state_info.items()):
+            for name, info in list(backend.state_info.items()):
                 if info["kind"] == TIMERS_KIND and name not in self.restored:
                     self.restored[name] = self._read_column_families(name)
             return
         for name, data in self.restored.items():
             self._write_column_families(name, data)
-            backend._state_info[name] = {"layout": list(TIMERS_LAYOUT), "kind": TIMERS_KIND}
+            backend.state_info[name] = {"layout": list(TIMERS_LAYOUT), "kind": TIMERS_KIND}
         self.restored.clear()
 
     def _read_column_families(self, name: str) -> dict[Any, list[int]]:
         backend = self.backend
-        cf, index = backend._cf(name), backend._cf(index_name(name))
+        cf, index = backend.cf(name), backend.cf(index_name(name))
         de = backend.key_serializer.deserialize
         out: dict[Any, list[int]] = {}
         for key in cf.keys():  # noqa: SIM118 - a scan of the column family
             out.setdefault(de(key[2:-8]), []).append(int.from_bytes(key[-8:], "big") - (1 << 63))
         for store in (cf, index):  # emptied: they are not where this backend keeps timers
             store.delete_range(b"", KG_END)
-        del backend._state_info[name]
+        del backend.state_info[name]
         return out
 
     def _write_column_families(self, name: str, data: dict[Any, list[int]]) -> None:
         backend = self.backend
-        db = backend._ensure_open()
-        backend._cf(name)
-        backend._cf(index_name(name))
+        db = backend.ensure_open()
+        backend.cf(name)
+        backend.cf(index_name(name))
         keys, index = db.get_column_family_handle(name), db.get_column_family_handle(index_name(name))
         batch = WriteBatch(raw_mode=True)
         for key, stamps in data.items():

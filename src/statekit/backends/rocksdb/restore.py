@@ -12,14 +12,14 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.kvformat import KV_FORMATS, read_kv_states
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
-from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT
+from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
 from statekit.backends.rocksdb.timers import column_families, index_name, ts8
 from statekit.backends.timers import TIMERS_KIND, timer_stamps
 from statekit.checkpoint.reader import StateReader
@@ -30,7 +30,30 @@ from statekit.serde.msgpack import packb, unpack_each
 
 if TYPE_CHECKING:
     from statekit.backends.base import RestoreSource
-    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+
+
+class RestoreOwner(DatabaseOwner, Protocol):
+    """What a restore uses beyond :class:`~statekit.backends.rocksdb.snapshot.DatabaseOwner`:
+    where the database lives, each key group's key prefix, and the restored states' bookkeeping.
+    The backend imports this module, never the other way."""
+
+    db_path: Path
+    heap_timers: bool
+    kg_prefixes: list[bytes]
+
+    def restore_key_check(self, handle: dict[str, Any]) -> RestoreCheck | None:
+        """How the keys of ``handle`` restore here."""
+        ...
+
+    def note_restored(self, name: str, entry: dict[str, Any]) -> None:
+        """Record a restored state's layout and kind."""
+        ...
+
+    def poison(self, why: str) -> None:
+        """Make every state and timer queue raise (the database is gone)."""
+        ...
+
 
 _BATCH = 20_000  # puts per write batch while restoring (bounds the batch's memory)
 
@@ -120,7 +143,7 @@ def check_native_db(db: Rdict, handle: dict[str, Any]) -> None:
 class RocksDBRestoreOperation:
     """Restores one RocksDB keyed backend from task handles of any partitioning."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+    def __init__(self, backend: RestoreOwner) -> None:
         self.backend = backend
 
     def restore(self, sources: list[RestoreSource], key_filter: Callable[[Any], bool] | None = None,
@@ -161,10 +184,10 @@ class RocksDBRestoreOperation:
         if native:
             _, base, base_reader = native[0]
             self._download(base, base_reader, backend.db_path)
-            check_native_db(backend._ensure_open(), base)
-            lo, hi = backend._kgp[mine.start], kg_after(mine.end, backend._kgp)
+            check_native_db(backend.ensure_open(), base)
+            lo, hi = backend.kg_prefixes[mine.start], kg_after(mine.end, backend.kg_prefixes)
             for name in column_families(base["states"]):
-                cf = backend._cf(name)
+                cf = backend.cf(name)
                 if mine.start > 0:
                     cf.delete_range(b"", lo)
                 cf.delete_range(hi, KG_END)
@@ -172,23 +195,23 @@ class RocksDBRestoreOperation:
             for _, handle, reader in native[1:]:
                 self._copy_from(handle, reader)
             for _, handle, reader in native:
-                backend._heap.load_plain(handle, reader)
+                backend.heap_store.load_plain(handle, reader)
             if native_check is not None:
                 self._check_keys(checked, native_check)
         if neutral:
             self._ingest_kv(neutral, key_filter, skip_states)
         if not native and not neutral:
-            backend._ensure_open()
-        backend._heap.settle(use_heap=backend.heap_timers)
+            backend.ensure_open()
+        backend.heap_store.settle(use_heap=backend.heap_timers)
 
     def _check_keys(self, names: set[str], key_check: RestoreCheck) -> None:
         """Check the type of every key of the named states (generic keys restored from native
         checkpoints under a declared key type): a scan, paid only in that case."""
         backend = self.backend
         for name in sorted(names):
-            cf = backend._cf(name)
+            cf = backend.cf(name)
             keys: list[bytes] = []
-            for _, kb, _ in grouped(cf, backend._state_info[name]["kind"]):
+            for _, kb, _ in grouped(cf, backend.state_info[name]["kind"]):
                 keys.append(kb)
                 if len(keys) >= _BATCH:
                     key_check(unpack_each(keys))
@@ -197,23 +220,22 @@ class RocksDBRestoreOperation:
 
     def _reset_db(self) -> None:
         backend = self.backend
-        if backend._db is not None:
-            backend._poison("database replaced by restore")
-            db, backend._db = backend._db, None
+        if backend.db is not None:
+            backend.poison("database replaced by restore")
+            db, backend.db = backend.db, None
             db.close()
-        backend._cfs.clear()
+        backend.cfs.clear()
         shutil.rmtree(backend.db_path, ignore_errors=True)
 
     def _note_state(self, name: str, entry: dict[str, Any]) -> None:
-        self.backend._restored_layouts[name] = entry["layout"]
-        self.backend._state_info[name] = {"layout": entry["layout"], "kind": entry["kind"]}
+        self.backend.note_restored(name, entry)
 
     def _note_states(self, handle: dict[str, Any]) -> None:
         for name, entry in handle["states"].items():
             self._note_state(name, entry)
 
     def _download(self, handle: dict[str, Any], reader: StateReader, dest: Path) -> None:
-        download_native(handle, reader, dest, self.backend._pool_map)
+        download_native(handle, reader, dest, self.backend.pool_map)
 
     def _copy_from(self, handle: dict[str, Any], reader: StateReader) -> None:
         """Copy the in-range key groups of another partition's checkpoint into this database."""
@@ -222,15 +244,15 @@ class RocksDBRestoreOperation:
         tmp = Path(tempfile.mkdtemp(prefix="restore-", dir=backend.instance_dir))
         try:
             self._download(handle, reader, tmp / "db")
-            src = open_db(tmp / "db", backend._options, read_only=True)
+            src = open_db(tmp / "db", backend.options, read_only=True)
             try:
                 check_native_db(src, handle)
-                lo, hi = backend._kgp[theirs.start], kg_after(theirs.end, backend._kgp)
+                lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
                 for name in column_families(handle["states"]):
                     source = src.get_column_family(name)
-                    backend._cf(name)
-                    target = backend._db.get_column_family_handle(name)
-                    writer = _BatchWriter(backend._db)
+                    backend.cf(name)
+                    target = backend.db.get_column_family_handle(name)
+                    writer = _BatchWriter(backend.db)
                     for key, value in source.items(from_key=lo):
                         if key >= hi:
                             break
@@ -249,8 +271,8 @@ class RocksDBRestoreOperation:
         """Load backend-neutral chunks (heap checkpoints, savepoints) as RocksDB entries, the keys'
         type checked where the snapshot's key type asks for it."""
         backend = self.backend
-        writer = _BatchWriter(backend._ensure_open())
-        kgp = backend._kgp
+        writer = _BatchWriter(backend.ensure_open())
+        kgp = backend.kg_prefixes
         entries = ((item, key_check) for handle, reader, key_check in sources
                    for item in read_kv_states([handle], reader, backend.key_group_range,
                                               backend.max_parallelism, key_filter))
@@ -262,15 +284,15 @@ class RocksDBRestoreOperation:
             kind = entry["kind"]
             if kind == TIMERS_KIND and backend.heap_timers:  # kept on the heap, not in RocksDB
                 for kb, vb in zip(keys, values, strict=True):
-                    backend._heap.add_serialized(name, kb, vb)
+                    backend.heap_store.add_serialized(name, kb, vb)
                 continue
             self._note_state(name, entry)
-            backend._cf(name)
-            handle = backend._db.get_column_family_handle(name)
+            backend.cf(name)
+            handle = backend.db.get_column_family_handle(name)
             index = None
             if kind == TIMERS_KIND:
-                backend._cf(index_name(name))
-                index = backend._db.get_column_family_handle(index_name(name))
+                backend.cf(index_name(name))
+                index = backend.db.get_column_family_handle(index_name(name))
             for kb, vb in zip(keys, values, strict=True):
                 prefix = kgp[kg] + kb
                 if kind == TIMERS_KIND:

@@ -12,29 +12,25 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rocksdict import Checkpoint, Options, WriteBatch
+from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from statekit.backends.base import SnapshotRun, StateMeta
-from statekit.backends.kvformat import (
-    KvStateData,
-    check_kind,
-    check_state_count,
-    handle_header,
-    kv_handle,
-    write_kv_state,
-)
+from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
+from statekit.backends.kvschema import check_kind, check_state_count
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
-from statekit.backends.rocksdb.heap_timers import check_heap_timers
+from statekit.backends.rocksdb.heap_timers import HeapTimerOwner, HeapTimers, check_heap_timers
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError, CheckpointError
 
 if TYPE_CHECKING:
-    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+    from statekit.serde.keytypes import KeyCheck
+    from statekit.state.descriptors import StateDescriptor
 
 #: Format tag of a native RocksDB checkpoint handle.
 ROCKSDB_FORMAT = "statekit-rocksdb/1"
@@ -71,10 +67,51 @@ schema.register_format(ROCKSDB_FORMAT, _check_native)
 _DISPOSED = "the RocksDB state backend was disposed while a snapshot ran"
 
 
+class DatabaseOwner(HeapTimerOwner, Protocol):
+    """What snapshots and restores use of a RocksDB backend: its database directory and options,
+    the open column families, the heap timers, and its transfer threads.  The backend imports
+    this module and :mod:`~statekit.backends.rocksdb.restore`, never the other way."""
+
+    cfs: dict[str, Rdict]
+    instance_dir: Path
+    options: Callable[[], Options]
+    heap_store: HeapTimers
+
+    def pool_map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """``fn`` over ``items``, on the transfer threads."""
+        ...
+
+
+class SnapshotOwner(DatabaseOwner, Protocol):
+    """What a snapshot uses beyond :class:`DatabaseOwner`: the settings, the registered states
+    (TTL sweep), the incremental bookkeeping and the header fields of a task handle."""
+
+    backend_name: str
+    key_check: KeyCheck
+    incremental: bool
+    ttl_compaction_filter: bool
+    disposed: bool
+    metas: dict[str, StateMeta]
+    confirmed: dict[str, dict[str, Any]]
+    sweep_cursor: dict[str, tuple[bytes, int]]
+
+    def registered_descriptor(self, name: str) -> StateDescriptor | None:
+        """The descriptor state ``name`` was registered with (None: only restored)."""
+        ...
+
+    def state_names(self) -> list[str]:
+        """Every state the database holds, sorted."""
+        ...
+
+    def track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:
+        """Remember an incremental checkpoint's SSTs."""
+        ...
+
+
 class RocksDBSnapshotStrategy:
     """Takes one snapshot of a RocksDB keyed backend (as Flink's ``RocksSnapshotStrategy``)."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+    def __init__(self, backend: SnapshotOwner) -> None:
         self.backend = backend
 
     def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, savepoint: bool
@@ -82,12 +119,12 @@ class RocksDBSnapshotStrategy:
         """The synchronous part: TTL sweep and a native checkpoint; the run writes it."""
         start = time.perf_counter()
         backend = self.backend
-        db = backend._ensure_open()
+        db = backend.ensure_open()
         if isinstance(db, Unusable):
             raise BackendLockedError("database inherited through fork")
         self._ttl_sweep()
-        for name in backend._state_names():
-            backend._cf(name)  # restored-but-unregistered states are column families too
+        for name in backend.state_names():
+            backend.cf(name)  # restored-but-unregistered states are column families too
         # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
         # so the hard-linked files hold everything written with the WAL disabled
         target = backend.instance_dir / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
@@ -96,18 +133,18 @@ class RocksDBSnapshotStrategy:
             checkpoint.create_checkpoint(str(target))
         finally:
             del checkpoint
-        info = {name: dict(backend._state_info[name]) for name in backend._state_names()}
-        heap_timers = backend._heap.capture()  # timers kept on the heap: constant time
-        base = dict(backend._confirmed) if backend.incremental and not savepoint else {}
-        metas = dict(backend._metas)
+        info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
+        heap_timers = backend.heap_store.capture()  # timers kept on the heap: constant time
+        base = dict(backend.confirmed) if backend.incremental and not savepoint else {}
+        metas = dict(backend.metas)
         limits = {name: meta.ttl.snapshot_limit() for name, meta in metas.items() if meta.ttl}
         expiring = {name: limit for name, limit in limits.items() if limit is not None}
 
         def run() -> dict[str, Any]:
             try:
-                if backend._disposed:
+                if backend.disposed:
                     raise CheckpointError(_DISPOSED)
-                timers = backend._heap.write(heap_timers, streams, savepoint)
+                timers = backend.heap_store.write(heap_timers, streams, savepoint)
                 if savepoint:
                     handle = self._write_savepoint(target, streams, info, metas)
                     handle["states"].update(timers)
@@ -120,15 +157,15 @@ class RocksDBSnapshotStrategy:
                     handle["heap_timers"] = timers
                 return handle
             except OSError as exc:  # dispose removed the native checkpoint under the upload
-                if backend._disposed:
+                if backend.disposed:
                     raise CheckpointError(_DISPOSED) from exc
                 raise
             finally:
-                backend._heap.release(heap_timers)
+                backend.heap_store.release(heap_timers)
                 shutil.rmtree(target, ignore_errors=True)
 
         def cancel() -> None:
-            backend._heap.release(heap_timers)
+            backend.heap_store.release(heap_timers)
             shutil.rmtree(target, ignore_errors=True)
 
         return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
@@ -139,11 +176,11 @@ class RocksDBSnapshotStrategy:
         backend = self.backend
         if not backend.ttl_compaction_filter:
             return
-        for name, meta in backend._metas.items():
+        for name, meta in backend.metas.items():
             if meta.ttl is None:
                 continue
-            registered = backend._states.get(name)
-            config = registered[0].ttl_config if registered else None
+            registered = backend.registered_descriptor(name)
+            config = registered.ttl_config if registered is not None else None
             strategies = config.get_cleanup_strategies() if config is not None else None
             budget = (strategies.get_rocksdb_compact_filter_cleanup_strategy()
                       if strategies is not None else None)
@@ -159,11 +196,11 @@ class RocksDBSnapshotStrategy:
         assert policy is not None
         now = policy.clock()
         limit = now - policy.ttl
-        cursor, started = backend._sweep_cursor.get(name, (b"", now))
+        cursor, started = backend.sweep_cursor.get(name, (b"", now))
         if now - started >= period:
             budget = -1  # finish the pass: every entry is looked at within the period
-        cf = backend._cfs[name]
-        handle = backend._db.get_column_family_handle(name)
+        cf = backend.cfs[name]
+        handle = backend.db.get_column_family_handle(name)
         batch = WriteBatch(raw_mode=True)
         it = cf.iter()
         it.seek(cursor)
@@ -174,10 +211,10 @@ class RocksDBSnapshotStrategy:
                 batch.delete(it.key(), handle)
             seen += 1
             it.next()
-        backend._sweep_cursor[name] = (it.key(), started) if it.valid() else (b"", now)
+        backend.sweep_cursor[name] = (it.key(), started) if it.valid() else (b"", now)
         del it
         if len(batch):
-            backend._db.write(batch)
+            backend.db.write(batch)
 
     def _drop_expired_in(self, target: Path, expiring: dict[str, int]) -> None:
         """TTL full-snapshot cleanup, off the processing thread: delete expired entries in the copy.
@@ -186,7 +223,7 @@ class RocksDBSnapshotStrategy:
         written into it hide the expired entries from every restore of this checkpoint.
         """
         def options() -> Options:
-            opts = self.backend._options()
+            opts = self.backend.options()
             opts.set_disable_auto_compactions(True)
             return opts
 
@@ -234,10 +271,10 @@ class RocksDBSnapshotStrategy:
             return path.name, streams.write_file(path, state_name=path.name)
 
         misc: dict[str, dict[str, Any]] = {}
-        for name, handle in backend._pool_map(upload, todo):
+        for name, handle in backend.pool_map(upload, todo):
             (sst if name.endswith(".sst") else misc)[name] = handle
         if incremental:
-            backend._track_upload(checkpoint_id, sst)
+            backend.track_upload(checkpoint_id, sst)
         return {
             **handle_header(backend, ROCKSDB_FORMAT),
             "incremental": incremental,
@@ -251,7 +288,7 @@ class RocksDBSnapshotStrategy:
     def _write_savepoint(self, target: Path, streams: CheckpointStreams, info: dict[str, Any],
                          metas: dict[str, StateMeta]) -> dict[str, Any]:
         """The native checkpoint re-read as backend-neutral key-grouped chunks."""
-        db = open_db(target, self.backend._options, read_only=True)
+        db = open_db(target, self.backend.options, read_only=True)
         states: dict[str, Any] = {}
         try:
             for name, entry in info.items():

@@ -7,7 +7,7 @@ list) and map entries under ``prefix + serialized user key`` (iteration is a pre
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rocksdict import Rdict, WriteBatch
 
@@ -25,8 +25,17 @@ from statekit.state.api import (
     check_value,
 )
 
-if TYPE_CHECKING:
-    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+class StateOwner(Protocol):
+    """What a RocksDB state uses of its backend: the open database and the current key's prefix
+    (key group + serialized key, None without a current key).  The backend imports this module."""
+
+    db: Any
+    current_prefix: bytes | None
+
+    def no_key(self, state_name: str) -> Exception:
+        """The error to raise for an access to ``state_name`` without a current key."""
+        ...
 
 
 #: no user key was used or checked yet (None is a key a check refuses, so it cannot mark that)
@@ -39,7 +48,7 @@ class RocksState:
     __slots__ = ("_b", "_cf", "_check", "_de", "_del", "_get", "_handle", "_name", "_put",
                  "_ser", "_valid")
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, cf: Rdict, meta: StateMeta,
+    def __init__(self, backend: StateOwner, cf: Rdict, meta: StateMeta,
                  element: TypeSerializer) -> None:
         self._b = backend
         self._cf: Any = cf
@@ -48,7 +57,7 @@ class RocksState:
         self._ser = packb if element.identity else element.serialize
         self._de = unpackb if element.identity else element.deserialize
         self._valid = element.check
-        self._bind(cf, backend._db.get_column_family_handle(meta.name))
+        self._bind(cf, backend.db.get_column_family_handle(meta.name))
 
     def _bind(self, cf: Any, handle: Any) -> None:
         # bound methods of the column family, cached: the hot path is one C call per operation
@@ -59,7 +68,7 @@ class RocksState:
         self._del = cf.delete
 
     def _prefix(self) -> bytes:
-        prefix = self._b._prefix
+        prefix = self._b.current_prefix
         if prefix is None:
             raise self._b.no_key(self._name)
         return prefix
@@ -79,7 +88,7 @@ class RocksState:
         batch = WriteBatch(raw_mode=True)
         self._delete_prefix_into(batch, prefix)
         if len(batch):
-            self._b._db.write(batch)
+            self._b.db.write(batch)
 
     def _delete_prefix_into(self, batch: WriteBatch, prefix: bytes) -> None:
         """Add deletes of every entry under ``prefix`` to ``batch``."""
@@ -96,14 +105,14 @@ class RocksDBValueState(RocksState, ValueState):
     __slots__ = ()
 
     def value(self) -> Any:
-        prefix = self._b._prefix
+        prefix = self._b.current_prefix
         if prefix is None:
             raise self._b.no_key(self._name)
         data = self._get(prefix)
         return None if data is None else self._de(data)
 
     def update(self, value: Any) -> None:
-        prefix = self._b._prefix
+        prefix = self._b.current_prefix
         if prefix is None:
             raise self._b.no_key(self._name)
         if value is None:
@@ -165,7 +174,7 @@ class RocksDBListState(RocksState, ListState):
             return
         batch = WriteBatch(raw_mode=True)
         self._append(batch, prefix, self._next_seq(prefix), values)
-        self._b._db.write(batch)
+        self._b.db.write(batch)
 
     def update(self, values: Iterable[Any]) -> None:
         prefix = self._prefix()
@@ -174,7 +183,7 @@ class RocksDBListState(RocksState, ListState):
         self._delete_prefix_into(batch, prefix)
         self._append(batch, prefix, 0, values)
         if len(batch):
-            self._b._db.write(batch)
+            self._b.db.write(batch)
 
     def clear(self) -> None:
         self._delete_prefix(self._prefix())
@@ -186,7 +195,7 @@ class RocksDBMapState(RocksState, MapState):
     __slots__ = ("_kchecked", "_kde", "_kexact", "_khigh", "_klast", "_klow", "_kser", "_ukey",
                  "_vexact", "_vhigh", "_vlow")
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, cf: Rdict, meta: StateMeta,
+    def __init__(self, backend: StateOwner, cf: Rdict, meta: StateMeta,
                  element: TypeSerializer, user_key: TypeSerializer) -> None:
         super().__init__(backend, cf, meta, element)
         self._ukey = user_key
@@ -215,7 +224,7 @@ class RocksDBMapState(RocksState, MapState):
         return None if not data else self._de(data)
 
     def put(self, key: Any, value: Any) -> None:
-        prefix = self._b._prefix  # inlined checks: this is the hot path of map writes
+        prefix = self._b.current_prefix  # inlined checks: this is the hot path of map writes
         if prefix is None:
             raise self._b.no_key(self._name)
         if key is not self._kchecked and (type(key) is not self._kexact or (
@@ -240,7 +249,7 @@ class RocksDBMapState(RocksState, MapState):
                 check_value(self._check, v, self._name)
             batch.put(prefix + self._kser(k), self._value_bytes(v), handle)
         if len(batch):
-            self._b._db.write(batch)
+            self._b.db.write(batch)
 
     def remove(self, key: Any) -> None:
         self._del(self._prefix() + self._key_bytes(key))

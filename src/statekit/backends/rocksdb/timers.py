@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import ReadOptions, WriteBatch
 
@@ -31,7 +31,25 @@ from statekit.backends.timers import TIMERS_KIND, TimerQueue, timer_state_name
 from statekit.serde.msgpack import packb
 
 if TYPE_CHECKING:
-    from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+    from rocksdict import Rdict
+
+    from statekit.serde.serializers import TypeSerializer
+
+
+class TimerOwner(Protocol):
+    """What a RocksDB timer queue uses of its backend: the database, its column families and the
+    key prefixes.  The backend imports this module, never the other way."""
+
+    db: Any
+    key_serializer: TypeSerializer
+
+    def cf(self, name: str) -> Rdict:
+        """The column family ``name``, created on first use."""
+        ...
+
+    def key_prefix(self, key: Any) -> bytes:
+        """Key group and serialized key of ``key``."""
+        ...
 
 INDEX_SUFFIX = "/by-time"
 _OFFSET = 1 << 63
@@ -69,7 +87,7 @@ def _ts(raw: bytes) -> int:
 class RocksDBTimerQueue(TimerQueue):
     """A timer queue in two column families of a RocksDB keyed backend."""
 
-    def __init__(self, name: str, backend: RocksDBKeyedStateBackend) -> None:
+    def __init__(self, name: str, backend: TimerOwner) -> None:
         super().__init__(name)
         self._b = backend
         self.state_name = timer_state_name(name)
@@ -86,9 +104,9 @@ class RocksDBTimerQueue(TimerQueue):
     def bind(self) -> None:
         """(Re)take the column families and their handles from the backend."""
         backend = self._b
-        self._keys = backend._cf(self.state_name)
-        self._time = backend._cf(index_name(self.state_name))
-        db = backend._db
+        self._keys = backend.cf(self.state_name)
+        self._time = backend.cf(index_name(self.state_name))
+        db = backend.db
         self._keys_handle = db.get_column_family_handle(self.state_name)
         self._time_handle = db.get_column_family_handle(index_name(self.state_name))
 
@@ -152,7 +170,7 @@ class RocksDBTimerQueue(TimerQueue):
         batch.put(entry, packb(timestamp), self._keys_handle)
         index = prefix[:2] + entry[-8:] + prefix[2:]
         batch.put(index, b"", self._time_handle)
-        self._b._db.write(batch)
+        self._b.db.write(batch)
         kg = int.from_bytes(prefix[:2], "big")
         cached = self._cache.get(kg)
         if cached is None:  # the group's only timer
@@ -179,7 +197,7 @@ class RocksDBTimerQueue(TimerQueue):
         batch = WriteBatch(raw_mode=True)
         batch.delete(prefix + ts8, self._keys_handle)
         batch.delete(index, self._time_handle)
-        self._b._db.write(batch)
+        self._b.db.write(batch)
         kg = int.from_bytes(prefix[:2], "big")
         cached = self._cache[kg]
         at = bisect.bisect_left(cached, index)

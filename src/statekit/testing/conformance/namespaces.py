@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from statekit.backends.base import StateBackend
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import StateError, StateNameClashError, StateTypeError
 from statekit.serde.serializers import TypeSerializer
 from statekit.serde.types import Types

@@ -282,7 +282,7 @@ class SnapshotConformance:
                                                    tmp_path: Any) -> None:
         """testNonConcurrentSnapshotTransformerAccess: two snapshots that drop expired entries
         (full-snapshot TTL cleanup) run at once; each drops exactly the expired ones."""
-        from statekit.checkpoint.storage import FileSystemCheckpointStorage
+        from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 
         clock = ManualClock()
         cluster = KeyedCluster(state_backend, FileSystemCheckpointStorage(str(tmp_path / "c")), 1,

@@ -14,7 +14,7 @@ import pytest
 
 from statekit.backends.base import KeyedStateBackend, StateBackend
 from statekit.backends.bulk import BulkState
-from statekit.checkpoint.storage import FileSystemCheckpointStorage
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import StateError
 from statekit.serde.serializers import TypeSerializer
 from statekit.serde.types import Types
