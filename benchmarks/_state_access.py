@@ -12,7 +12,10 @@ Shapes (per op, one round = ``OPS`` operations over the same random key sequence
 * ``*_hot`` rows: the value ops over a cache-resident set of ``HOT_KEYS`` keys, where the raw store
   is fastest and the interpreter overhead of the library shows most;
 * bulk rows (``bulk_get``/``bulk_put``): ``statekit.backends.bulk.BulkState`` against the vectorized raw
-  call (``dict.update`` / list comprehension; rocksdict multi-get / one ``WriteBatch``).
+  call (``dict.update`` / list comprehension; rocksdict multi-get / one ``WriteBatch``);
+* bulk list and map rows (``BULK_OPERATIONS``): one ``BulkState`` call over a round's keys against the
+  same work key by key through the state API (``set_current_key`` + one state call per key), what a
+  vectorized function would otherwise do.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ OPERATIONS = ["value_get", "value_update", "value_get_hot", "value_update_hot", 
               "list_add", "list_add_all",
               "map_get", "map_contains", "map_iterate", "map_put", "map_remove",
               "bulk_get", "bulk_put"]
+
+#: bulk list and map access against the per-key loop (both through statekit)
+BULK_OPERATIONS = ["bulk_list_add", "bulk_list_get", "bulk_map_put", "bulk_map_get"]
 
 Op = tuple[Callable[[int], Any], dict[str, Callable[[int], Any]]]
 
@@ -601,3 +607,73 @@ def rocksdb_op(env: Env, name: str) -> Op:
     else:
         raise ValueError(name)
     return sk_fn, {"raw": raw_fn, **baselines}
+
+
+def bulk_op(env: Env, name: str) -> Op:
+    """One bulk list or map call over a round's keys (either backend), and the same work key by
+    key (``per_key``): round ``i`` appends ``i`` to each key's list, puts or reads user key
+    ``i % MAP_KEYS`` of each key's map."""
+    from statekit.backends.bulk import BulkState
+
+    b = env.backend
+    sk = b.set_current_key
+    _, lst, mp = env.states
+    _, ldesc, mdesc = env.descs
+    bulk = BulkState(b)
+    seqs = env.seqs
+
+    def seq(i: int) -> list[int]:
+        return seqs[i % len(seqs)]
+
+    if name == "bulk_list_add":
+        add = lst.add
+
+        def bulk_fn(i: int) -> None:
+            s = seq(i)
+            bulk.add(ldesc, s, [i] * len(s))
+
+        def per_key(i: int) -> None:
+            for k in seq(i):
+                sk(k)
+                add(i)
+
+    elif name == "bulk_list_get":
+        get = lst.get
+
+        def bulk_fn(i: int) -> None:
+            bulk.get(ldesc, seq(i))
+
+        def per_key(i: int) -> None:
+            for k in seq(i):
+                sk(k)
+                get()
+
+    elif name == "bulk_map_put":
+        put = mp.put
+
+        def bulk_fn(i: int) -> None:
+            s = seq(i)
+            bulk.put_entries(mdesc, s, [i % MAP_KEYS] * len(s), s)
+
+        def per_key(i: int) -> None:
+            uk = i % MAP_KEYS
+            for k in seq(i):
+                sk(k)
+                put(uk, k)
+
+    elif name == "bulk_map_get":
+        mget = mp.get
+
+        def bulk_fn(i: int) -> None:
+            s = seq(i)
+            bulk.get_entries(mdesc, s, [i % MAP_KEYS] * len(s))
+
+        def per_key(i: int) -> None:
+            uk = i % MAP_KEYS
+            for k in seq(i):
+                sk(k)
+                mget(uk)
+
+    else:
+        raise ValueError(name)
+    return bulk_fn, {"per_key": per_key}

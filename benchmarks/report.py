@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt
 
 from benchmarks._common import TARGETS
 from benchmarks._state_access import OPERATIONS
+from benchmarks.report_bulk import section_bulk
 from benchmarks.report_timers import section_timers
 from benchmarks.report_windows import section_windows
 
@@ -665,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         closing(acc, ck, disks) + "".join(line + "\n" for line in timers_summary),
         acc_text,
+        section_bulk(data),
         ck_text,
         section_heap_snapshot(data),
         section_export(data),

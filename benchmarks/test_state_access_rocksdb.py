@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 
 from benchmarks._common import STRICT, TARGETS, interleaved, loadavg, scratch_dir
-from benchmarks._state_access import KEYS, OPERATIONS, OPS, ROUNDS, Env, rocksdb_env, rocksdb_op
+from benchmarks._state_access import (
+    BULK_OPERATIONS,
+    KEYS,
+    OPERATIONS,
+    OPS,
+    ROUNDS,
+    Env,
+    bulk_op,
+    rocksdb_env,
+    rocksdb_op,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +45,15 @@ def test_rocksdb_state_access(benchmark: Any, env: Env, op: str) -> None:
     print(f"\nrocksdb {op}: {figures}")
     if STRICT and op in ("value_get", "value_update"):
         assert figures["ratio_vs_raw"] >= TARGETS["rocksdb"]
+
+
+@pytest.mark.parametrize("op", BULK_OPERATIONS)
+def test_rocksdb_bulk_vs_per_key(benchmark: Any, env: Env, op: str) -> None:
+    """Bulk list and map access against the same work key by key (``ratio_vs_per_key``: how many
+    times the per-key loop's time the bulk call saves)."""
+    benchmark.group = f"bulk-vs-per-key-{op}"
+    target, baselines = bulk_op(env, op)
+    figures = interleaved(benchmark, target, baselines, ops=OPS["rocksdb"], rounds=ROUNDS)
+    figures.update({"backend": "rocksdb", "op": op, "keys": KEYS, "loadavg": loadavg()})
+    benchmark.extra_info.update(figures)
+    print(f"\nrocksdb {op}: {figures}")

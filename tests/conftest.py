@@ -24,9 +24,6 @@ _LOCK_FD = os.open(_pending, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 
 fcntl.flock(_LOCK_FD, fcntl.LOCK_EX)
 os.replace(_pending, f"{_TMP}.lock")
 workdirs.sweep(_BASE, "statekit-tests-")
-for _shm in Path("/dev/shm").glob("statekit-tests-*"):  # tests.tmpfs dirs of ended sessions
-    if not Path(_BASE, f"{_shm.name}.lock").exists():
-        shutil.rmtree(_shm, ignore_errors=True)
 os.environ["TMPDIR"] = str(_TMP)
 tempfile.tempdir = str(_TMP)
 
@@ -56,7 +53,6 @@ def pytest_sessionfinish(session, exitstatus):
     left = sorted(p.name for p in _TMP.iterdir() if not p.name.startswith("pytest-of-")
                   and not (p.name == "statekit-rocksdb" and not any(p.iterdir())))
     shutil.rmtree(_TMP, ignore_errors=True)
-    shutil.rmtree(f"/dev/shm/{_TMP.name}", ignore_errors=True)  # tests.tmpfs.rocksdb_dir()
     Path(f"{_TMP}.lock").unlink(missing_ok=True)
     os.close(_LOCK_FD)
     worker_output = getattr(session.config, "workeroutput", None)

@@ -289,3 +289,23 @@ def test_bulk_access_during_a_pending_capture() -> None:
     assert got["n"] == {1: {"a": 1}, 2: {"b": 2}}
     assert bulk.get(NAMES, [1]) == [{"a": 99}]
     assert bulk.get(COUNT, list(range(12))) == [0, 1, 2, None, *range(4, 10), 100, 110]
+
+
+def test_bulk_list_and_map_access_during_a_pending_capture() -> None:
+    """Bulk appends, entry puts and removals while a snapshot is pending change private copies
+    (new keys staged): the snapshot keeps what was there at capture."""
+    backend = make()
+    bulk = BulkState(backend)
+    bulk.add(LIST, [1, 2, 1], [10, 20, 11])
+    bulk.put_entries(MAP, [1, 2], ["a", "b"], [1, 2])
+    acc = access()
+    run = backend.snapshot(1, acc.streams(1, "t"))
+    bulk.add(LIST, [1, 3, 3], [12, 30, 31])  # an in-place append, then a new key (staged)
+    bulk.put_entries(MAP, [1, 3], ["x", "c"], [9, 3])
+    bulk.remove_entries(MAP, [2], ["b"])  # the map empties: removed
+    assert bulk.get(LIST, [1, 2, 3]) == [[10, 11, 12], [20], [30, 31]]
+    assert bulk.get_entries(MAP, [1, 1, 2, 3], ["a", "x", "b", "c"]) == [1, 9, None, 3]
+    got = restored(acc, run.run(), range(4))
+    assert got["l"] == {1: [10, 11], 2: [20]}
+    assert got["m"] == {1: {"a": 1}, 2: {"b": 2}}
+    assert bulk.get(MAP, [1, 2, 3]) == [{"a": 1, "x": 9}, {}, {"c": 3}]

@@ -9,6 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from statekit import ListStateDescriptor, MapStateDescriptor, Types
+from statekit.errors import NoKeyContextError
 from statekit.spark import apply_in_pandas_with_state, foreach_batch, transform_with_state
 from statekit.testing import workloads
 
@@ -105,3 +107,45 @@ def run_until_done(spark, adapter, function, input_dir, checkpoint, sink, conf=N
             if "sink failed" not in str(exc):
                 raise
     raise AssertionError("query did not finish")
+
+
+class KeyedVectorCount(workloads.VectorCount):
+    """The vectorized count, using the current key: where the engine hands one key's rows
+    (``state.get_current_key()``) through the state handles ``open`` created, as a per-element
+    function does; where the rows are of many keys (foreach_batch), by ``get_current_keys()``.
+    It also keeps every value in a list state and the last one in a map state, by bulk access,
+    and checks them against the count."""
+
+    def open(self, ctx):
+        super().open(ctx)
+        self.count, self.total = ctx.get_state(self.c), ctx.get_state(self.t)
+        self.values = ListStateDescriptor("values", Types.LONG())
+        self.last = MapStateDescriptor("last", Types.STRING(), Types.LONG())
+        ctx.get_list_state(self.values)
+        ctx.get_map_state(self.last)
+
+    def process_batch(self, rows, state):
+        keys = state.get_current_keys()
+        assert keys == rows["key"].tolist(), (keys, rows)
+        out = self._count(rows, state, keys)
+        values = rows["v"].tolist()
+        state.add(self.values, keys, values)
+        state.put_entries(self.last, keys, ["v"] * len(keys), values)
+        lists = state.get(self.values, out["key"].tolist())
+        assert [len(v) for v in lists] == out["c"].tolist()
+        assert [sum(v) for v in lists] == out["t"].tolist()
+        last = dict(zip(keys, values, strict=True))
+        assert state.get_entries(self.last, list(last), ["v"] * len(last)) == list(last.values())
+        return out
+
+    def _count(self, rows, state, keys):
+        try:
+            key = state.get_current_key()
+        except NoKeyContextError:  # a partition's rows of many keys
+            rows = rows.assign(key=keys)
+            return super().process_batch(rows, state)
+        assert set(keys) == {key}
+        c, t = (self.count.value() or 0) + len(rows), (self.total.value() or 0) + int(rows["v"].sum())
+        self.count.update(c)
+        self.total.update(t)
+        return pd.DataFrame({"key": [key], "c": [c], "t": [t]})

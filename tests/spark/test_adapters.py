@@ -12,7 +12,14 @@ import pandas as pd
 import pytest
 
 from statekit.testing.workloads import VectorCount
-from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
+from tests.spark.jobs import (
+    KeyedVectorCount,
+    Outputs,
+    RunningCount,
+    expected,
+    run_until_done,
+    write_inputs,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -52,6 +59,19 @@ def test_vectorized_form(spark, tmp_path, adapter):
     sink = Outputs()
     run_until_done(spark, adapter, VectorCount(), str(tmp_path / "in"), str(tmp_path / "q"), sink,
                    {"state.checkpoints.dir": str(tmp_path / "statekit")})
+    assert sink.final() == expected(frame)
+
+
+@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state",
+                                     "apply_in_pandas_with_state"])
+def test_vectorized_function_gets_the_current_key(spark, tmp_path, adapter):
+    """A VectorizedKeyedFunction gets the current key as a per-element function does: the key
+    of the rows where the engine hands one key's rows (its state handles then read that key),
+    and each row's key on every engine."""
+    frame = write_inputs(str(tmp_path / "in"), 0, 2)
+    sink = Outputs()
+    run_until_done(spark, adapter, KeyedVectorCount(), str(tmp_path / "in"), str(tmp_path / "q"),
+                   sink, {"state.backend.type": "rocksdb"}, restarts=0)
     assert sink.final() == expected(frame)
 
 

@@ -1,14 +1,20 @@
-"""Bulk value-state access gives the same results as per-key access, on every backend."""
+"""Bulk state access gives the same results as per-key access, on every backend (list and map
+state in depth: statekit.testing.conformance.bulk)."""
 
 import pytest
 
 from statekit import HashMapStateBackend, Types, ValueStateDescriptor
 from statekit.backends.bulk import BulkState
 from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
-from statekit.errors import StateTypeError
+from statekit.errors import StateSizeError, StateTypeError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.types import GenericSerializer
-from statekit.state.descriptors import ListStateDescriptor
+from statekit.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+)
 
 
 @pytest.fixture(params=["hashmap", "rocksdb"])
@@ -33,4 +39,35 @@ def test_bulk_matches_single_access(backend):
     with pytest.raises(StateTypeError, match="'v'"):
         bulk.put(desc, ["k1"], ["not a long"])
     with pytest.raises(TypeError):
-        bulk.get(ListStateDescriptor("l"), keys)
+        bulk.get(ReducingStateDescriptor("r", lambda a, b: a + b, Types.LONG()), keys)
+
+
+def test_size_limits_apply_to_bulk_writes(backend):
+    """A size-limited state has no fast path: each key goes through the limits (the heap's
+    value-state fast path wrote a value over the limit)."""
+    backend.set_size_limits(max_value_size=64)
+    bulk = BulkState(backend)
+    lst, mp = ListStateDescriptor("l", Types.STRING()), MapStateDescriptor("m", Types.STRING(),
+                                                                           Types.STRING())
+    value = ValueStateDescriptor("v", Types.STRING())
+    with pytest.raises(StateSizeError, match="'v'"):
+        bulk.put(value, ["a"], ["x" * 100])
+    assert bulk.get(value, ["a"]) == [None]
+    with pytest.raises(StateSizeError, match="'l'"):
+        bulk.add(lst, ["a"], ["x" * 100])
+    with pytest.raises(StateSizeError, match="'m'"):
+        bulk.put_entries(mp, ["a"], ["k"], ["x" * 100])
+    bulk.add(lst, ["a"], ["small"])
+    assert bulk.get(lst, ["a"]) == [["small"]] and bulk.get(mp, ["a"]) == [{}]
+
+
+def test_ttl_map_state_holds_none_values(backend):
+    """A map entry's value may be None with TTL as without it (per key and in bulk)."""
+    mp = MapStateDescriptor("m", Types.STRING(), Types.LIST(Types.INT()))
+    mp.enable_time_to_live(StateTtlConfig.new_builder(100_000).build())
+    state = backend.get_partitioned_state(mp)
+    backend.set_current_key("a")
+    state.put("u", None)
+    assert dict(state.items()) == {"u": None} and state.contains("u")
+    BulkState(backend).put_entries(mp, ["b"], ["v"], [None])
+    assert BulkState(backend).get(mp, ["a", "b"]) == [{"u": None}, {"v": None}]

@@ -178,8 +178,10 @@ class VectorizedKeyedFunction(Function, ABC):
     """Processes many rows at once with bulk state access (the fast path of the Spark adapters).
 
     ``process_batch`` gets a pandas DataFrame (all rows of a micro-batch partition, or of one key
-    where the engine groups by key) and a :class:`~statekit.backends.bulk.BulkState`, and returns
-    the output rows as a DataFrame (or None).
+    where the engine groups by key) and ``state``: bulk access to value, list and map state
+    (:class:`~statekit.backends.bulk.BulkState`), the rows' key (``state.get_current_key()``
+    where the rows are one key's, ``state.get_current_keys()`` on every engine) and timers of
+    many keys; it returns the output rows as a DataFrame (or None).
     """
 
     @abstractmethod

@@ -10,11 +10,12 @@ frame per call).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from statekit.backends.base import NO_KEY, KeyedStateBackend
 from statekit.backends.bulk import BulkState
 from statekit.backends.operator import OperatorStateBackend
+from statekit.errors import NoKeyContextError
 from statekit.runtime.checkpointed import (
     FunctionInitializationContext,
     FunctionSnapshotContext,
@@ -131,9 +132,19 @@ class KeyedOperator:
                 out.extend(produced)
         return out
 
-    def process_frame(self, frame: Any) -> Any:
-        """Run a vectorized function over a pandas DataFrame of rows."""
-        return self.function.process_batch(frame, self.bulk)
+    def process_frame(self, frame: Any, key: Any = NO_KEY,
+                      keys_of: Callable[[], list[Any]] | None = None) -> Any:
+        """Run a vectorized function over a pandas DataFrame of rows: all of ``key`` (then the
+        current key, as for ``process_element``), or of many keys, each row's key listed by
+        ``keys_of()`` when asked."""
+        bulk = self.bulk
+        if key is not NO_KEY:
+            self.backend.set_current_key(key)
+        bulk.rows = _Rows(len(frame), key, keys_of)
+        try:
+            return self.function.process_batch(frame, bulk)
+        finally:
+            bulk.rows = None
 
     # --- timers -----------------------------------------------------------------------------------
 
@@ -231,6 +242,37 @@ class VectorizedState(BulkState):
     def __init__(self, backend: KeyedStateBackend, timers: InternalTimerService) -> None:
         super().__init__(backend)
         self.timers = timers
+        #: the rows ``process_batch`` runs on (None outside it)
+        self.rows: _Rows | None = None
+
+    def get_current_key(self) -> Any:
+        """The key of the rows ``process_batch`` has where the engine hands it one key's rows
+        (``transform_with_state``, ``apply_in_pandas_with_state``, the test harness), as
+        ``ctx.get_current_key()`` gives a KeyedProcessFunction; a tuple for several key columns.
+        A NoKeyContextError where the rows are of many keys (``foreach_batch``: use
+        :meth:`get_current_keys`) and in ``on_timers`` (the timers' ``key`` column)."""
+        rows = self.rows
+        if rows is None:
+            raise NoKeyContextError("no current key outside process_batch (on_timers: the "
+                                    "timers frame's key column)")
+        if rows.key is NO_KEY:
+            raise NoKeyContextError("the rows are of many keys (foreach_batch hands a "
+                                    "partition's rows at once): get_current_keys() lists each "
+                                    "row's key")
+        return rows.key
+
+    def get_current_keys(self) -> list[Any]:
+        """Each row's key, in the rows' order, on every engine (the key as
+        :meth:`get_current_key` and the per-element path give it)."""
+        rows = self.rows
+        if rows is None:
+            raise NoKeyContextError("no current keys outside process_batch (on_timers: the "
+                                    "timers frame's key column)")
+        if rows.key is not NO_KEY:
+            return [rows.key] * rows.count
+        if rows.keys_of is None:
+            raise NoKeyContextError("this engine does not tell the rows' keys")
+        return rows.keys_of()
 
     def current_processing_time(self) -> int:
         return self.timers.current_processing_time()
@@ -243,11 +285,9 @@ class VectorizedState(BulkState):
         keys, timestamps = list(keys), list(timestamps)
         if len(keys) != len(timestamps):
             raise ValueError("keys and timestamps differ in length")
-        set_key = self.backend.set_current_key
         act = self.timers.delete if delete else self.timers.register
-        for key, timestamp in zip(keys, timestamps, strict=True):
-            set_key(key)
-            act(domain, timestamp)
+        with self._current_key_kept():
+            self._per_key(keys, lambda t: act(domain, t), timestamps)
 
     def register_event_time_timers(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
         """One event-time timer per (key, timestamp) pair; ``on_timers`` gets them when due."""
@@ -267,8 +307,18 @@ class VectorizedState(BulkState):
 
     def timers_of(self, key: Any, domain: TimeDomain = TimeDomain.EVENT_TIME) -> list[int]:
         """``key``'s timers of ``domain``, earliest first."""
-        self.backend.set_current_key(key)
-        return self.timers.timers_of_current_key(domain)
+        with self._current_key_kept():
+            self.backend.set_current_key(key)
+            return self.timers.timers_of_current_key(domain)
+
+
+class _Rows(NamedTuple):
+    """The rows a vectorized function runs on: how many, their key (NO_KEY: many keys), and
+    what lists each row's key."""
+
+    count: int
+    key: Any
+    keys_of: Callable[[], list[Any]] | None
 
 
 def _without_timers(name: str) -> Refusal:

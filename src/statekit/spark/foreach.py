@@ -141,7 +141,8 @@ def _arrow_partition(spec: AdapterSpec, batch_id: int, columns: list[str], schem
             if batch.num_rows == 0:
                 continue
             if spec.vectorized:
-                out = task.process_frame(batch.to_pandas())
+                out = task.process_frame(batch.to_pandas(),
+                                         keys_of=functools.partial(_row_keys, batch, key_index))
                 yield from emit([out] if out is not None and len(out) else [])
                 continue
             rows = zip(*(col.to_pylist() for col in batch.columns), strict=True)
@@ -151,3 +152,10 @@ def _arrow_partition(spec: AdapterSpec, batch_id: int, columns: list[str], schem
     except BaseException:
         task.abort()
         raise
+
+
+def _row_keys(batch: Any, key_index: list[int]) -> list[Any]:
+    """Each row's key in an Arrow record batch, as the per-element path takes it (a tuple for
+    several key columns)."""
+    columns = [batch.column(i).to_pylist() for i in key_index]
+    return columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))

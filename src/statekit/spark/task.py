@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from statekit.backends.base import StateBackend
+from statekit.backends.base import NO_KEY, StateBackend
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.filesystem import s3_options_from_config
 from statekit.errors import StatekitError
@@ -194,9 +194,11 @@ class PartitionTask:
                 out.extend(produced)
         return out
 
-    def process_frame(self, frame: Any) -> Any:
-        """Run the vectorized function over a pandas DataFrame."""
-        return self.op.process_frame(frame)
+    def process_frame(self, frame: Any, key: Any = NO_KEY,
+                      keys_of: Callable[[], list[Any]] | None = None) -> Any:
+        """Run the vectorized function over a pandas DataFrame: the rows of ``key``, or of many
+        keys (``keys_of()`` lists each row's key)."""
+        return self.op.process_frame(frame, key, keys_of)
 
     def commit(self) -> None:
         self.store.commit({"spark_partition": self.info.partition,

@@ -121,7 +121,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             k = key[0] if len(key) == 1 else tuple(key)
             if spec.vectorized:
                 for frame in rows:
-                    out = task.process_frame(frame)
+                    out = task.process_frame(frame, k)
                     if out is not None and len(out):
                         yield out[spec.output_columns]
                 return

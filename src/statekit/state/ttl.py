@@ -196,7 +196,8 @@ class StateTtlConfig:
 
 
 class TtlSerializer(TypeSerializer):
-    """Stores ``(value, timestamp_ms)``; wraps a state's serializer when TTL is enabled."""
+    """Stores ``(value, timestamp_ms)``; wraps a state's serializer when TTL is enabled.  The
+    value may be None (a map state's entry value, as without TTL: Flink's ``TtlValue`` of null)."""
 
     identity = False
 
@@ -206,16 +207,16 @@ class TtlSerializer(TypeSerializer):
         self.uses_pickle = inner.uses_pickle
 
     def to_plain(self, value: Any) -> Any:
-        return [self.inner.to_plain(value[0]), value[1]]
+        return [None if value[0] is None else self.inner.to_plain(value[0]), value[1]]
 
     def from_plain(self, plain: Any) -> Any:
-        return (self.inner.from_plain(plain[0]), plain[1])
+        return (None if plain[0] is None else self.inner.from_plain(plain[0]), plain[1])
 
     def copy(self, value: Any) -> Any:
-        return (self.inner.copy(value[0]), value[1])
+        return (None if value[0] is None else self.inner.copy(value[0]), value[1])
 
     def check(self, value: Any) -> str | None:
-        return self.inner.check(value[0])
+        return None if value[0] is None else self.inner.check(value[0])
 
     def config(self) -> Any:
         return ["ttl", self.inner.config()]

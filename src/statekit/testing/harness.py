@@ -157,7 +157,7 @@ class KeyedOneInputStreamOperatorTestHarness:
         if op.vectorized:
             import pandas as pd
 
-            produced = op.process_frame(pd.DataFrame([value]))
+            produced = op.process_frame(pd.DataFrame([value]), key)
             self._collect([produced] if produced is not None and len(produced) else None,
                           timestamp)
             return

@@ -156,3 +156,17 @@ def test_handle_misuse_is_refused():
     handle.in_init = False
     with pytest.raises(StateError, match="only possible in init"):
         handle.getValueState("w", N)
+
+
+def test_query_info_in_the_drivers_check_run_of_init():
+    """Spark's driver-side handle answers getQueryInfo() with new ids and batch 0 (its check
+    run of ``init`` is not a query's task); statekit's check run of ``init`` does the same."""
+    import uuid
+
+    info = Handle("None").getQueryInfo()
+    assert info.getBatchId() == 0
+    assert isinstance(info.getQueryId(), uuid.UUID) and isinstance(info.getRunId(), uuid.UUID)
+    assert str(info) == (f"QueryInfo(queryId={info.getQueryId()}, runId={info.getRunId()}, "
+                         "batchId=0)")
+    with pytest.raises(StateError, match="outside a Spark task"):
+        Handle("None", batch_id=3).getQueryInfo()

@@ -86,7 +86,9 @@ class _HeapState:
             table.data[key] = value
 
     def clear(self) -> None:
-        key = self._key()
+        self._clear(self._key())
+
+    def _clear(self, key: Any) -> None:
         table = self._t
         if table.watch:
             table.remove(key)
@@ -174,6 +176,10 @@ class HeapListState(_HeapState, ListState):
         if not values:
             return
         self._check_all(values)
+        self._append(key, values)
+
+    def _append(self, key: Any, values: list[Any]) -> None:
+        """Append checked ``values`` (not empty, owned by the state from now on) to ``key``'s list."""
         lst = self._live(key)
         if lst is None:
             self._put(key, values)
@@ -190,6 +196,46 @@ class HeapListState(_HeapState, ListState):
             self._put(key, values)
         else:
             self.clear()
+
+    # bulk access (statekit.backends.bulk.BulkState): keys and elements are checked there; the
+    # table's dict directly unless it is watched (a snapshot pending, or incremental)
+
+    def bulk_get(self, keys: list[Any]) -> list[list[Any]]:
+        if self._t.watch:
+            live = self._live
+            return [live(key) or [] for key in keys]
+        get = self._t.data.get
+        return [get(key) or [] for key in keys]
+
+    def bulk_add(self, keys: list[Any], values: list[Any]) -> None:
+        if self._t.watch:
+            self.bulk_append(keys, [[v] for v in values])
+            return
+        data = self._t.data
+        get = data.get
+        for key, value in zip(keys, values, strict=True):
+            lst = get(key)
+            if lst is None:
+                data[key] = [value]
+            else:
+                lst.append(value)
+
+    def bulk_append(self, keys: list[Any], lists: list[list[Any]]) -> None:
+        if self._t.watch:
+            append = self._append
+            for key, values in zip(keys, lists, strict=True):
+                if values:
+                    append(key, values)
+            return
+        data = self._t.data
+        get = data.get
+        for key, values in zip(keys, lists, strict=True):
+            if values:
+                lst = get(key)
+                if lst is None:
+                    data[key] = values
+                else:
+                    lst.extend(values)
 
 
 class HeapMapState(_HeapState, MapState):
@@ -256,12 +302,14 @@ class HeapMapState(_HeapState, MapState):
             self.put(k, v)
 
     def remove(self, key: Any) -> None:
-        current = self._key()
+        self._remove(self._key(), key)
+
+    def _remove(self, current: Any, key: Any) -> None:
         m = self._live(current)
         if m is not None:
             m.pop(key, None)
             if not m:
-                self.clear()
+                self._clear(current)
 
     def contains(self, key: Any) -> bool:
         m = self._peek()
@@ -281,3 +329,39 @@ class HeapMapState(_HeapState, MapState):
 
     def is_empty(self) -> bool:
         return not self._peek()
+
+    # bulk access (statekit.backends.bulk.BulkState): keys, user keys and values are checked there
+
+    def bulk_get_entries(self, keys: list[Any], user_keys: list[Any]) -> list[Any]:
+        read = self._live if self._t.watch and not self._shared_reads else self._get
+        if not self._t.watch:
+            get = self._t.data.get
+            return [None if (m := get(key)) is None else m.get(user_key)
+                    for key, user_key in zip(keys, user_keys, strict=True)]
+        out = []
+        for key, user_key in zip(keys, user_keys, strict=True):
+            m = read(key)
+            out.append(None if m is None else m.get(user_key))
+        return out
+
+    def bulk_items(self, keys: list[Any]) -> list[dict[Any, Any]]:
+        read = self._live if self._t.watch and not self._shared_reads else self._get
+        return [dict(read(key) or {}) for key in keys]
+
+    def bulk_put_entries(self, keys: list[Any], user_keys: list[Any], values: list[Any]) -> None:
+        if self._t.watch:
+            live, put = self._live, self._put
+        else:
+            data = self._t.data
+            live, put = data.get, data.__setitem__
+        for key, user_key, value in zip(keys, user_keys, values, strict=True):
+            m = live(key)
+            if m is None:
+                put(key, {user_key: value})
+            else:
+                m[user_key] = value
+
+    def bulk_remove_entries(self, keys: list[Any], user_keys: list[Any]) -> None:
+        remove = self._remove
+        for key, user_key in zip(keys, user_keys, strict=True):
+            remove(key, user_key)

@@ -266,7 +266,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         state = self.get_partitioned_state(descriptor)
         return state if isinstance(state, RocksDBValueState) else None
 
-    def _prefixes(self, keys: Sequence[Any]) -> list[bytes]:
+    def key_prefixes(self, keys: Sequence[Any]) -> list[bytes]:
+        """The prefix of each key (the key group and serialized key), the last one current."""
         prefixes = []
         for key in keys:
             self.set_current_key(key)
@@ -280,7 +281,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             value = self.get_partitioned_state(descriptor).value  # type: ignore[attr-defined]
             return [value() for _ in self._each(keys)]
         de = state._de
-        return [None if v is None else de(v) for v in state._cf.get(self._prefixes(keys))]
+        return [None if v is None else de(v) for v in state._cf.get(self.key_prefixes(keys))]
 
     def bulk_put(self, descriptor: StateDescriptor, keys: Sequence[Any],
                  values: Sequence[Any]) -> None:
@@ -294,7 +295,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             return
         batch = WriteBatch(raw_mode=True)
         handle, ser, valid = state._handle, state._ser, state._valid
-        for prefix, value in zip(self._prefixes(keys), values, strict=True):
+        for prefix, value in zip(self.key_prefixes(keys), values, strict=True):
             if value is None:
                 batch.delete(prefix, handle)
             else:

@@ -6,7 +6,7 @@ list) and map entries under ``prefix + serialized user key`` (iteration is a pre
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from rocksdict import Rdict, WriteBatch
@@ -35,6 +35,10 @@ class StateOwner(Protocol):
 
     def no_key(self, state_name: str) -> Exception:
         """The error to raise for an access to ``state_name`` without a current key."""
+        ...
+
+    def key_prefixes(self, keys: Sequence[Any]) -> list[bytes]:
+        """Each key's prefix (bulk access; moves the current key)."""
         ...
 
 
@@ -73,9 +77,11 @@ class RocksState:
             raise self._b.no_key(self._name)
         return prefix
 
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) of every entry under ``prefix``, in key order."""
-        it = self._cf.iter()
+    def _scan(self, prefix: bytes, it: Any = None) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) of every entry under ``prefix``, in key order (``it``: an iterator of the
+        column family to reuse)."""
+        if it is None:
+            it = self._cf.iter()
         it.seek(prefix)
         while it.valid():
             key = it.key()
@@ -131,8 +137,9 @@ class RocksDBListState(RocksState, ListState):
 
     __slots__ = ()
 
-    def _next_seq(self, prefix: bytes) -> int:
-        it = self._cf.iter()
+    def _next_seq(self, prefix: bytes, it: Any = None) -> int:
+        if it is None:
+            it = self._cf.iter()
         it.seek_for_prev(prefix + SEQ_MAX)
         if it.valid():
             key = it.key()
@@ -187,6 +194,28 @@ class RocksDBListState(RocksState, ListState):
 
     def clear(self) -> None:
         self._delete_prefix(self._prefix())
+
+    # bulk access (statekit.backends.bulk.BulkState): keys and elements are checked there
+
+    def bulk_get(self, keys: list[Any]) -> list[list[Any]]:
+        de, it = self._de, self._cf.iter()
+        return [[de(v) for _, v in self._scan(prefix, it)] for prefix in self._b.key_prefixes(keys)]
+
+    def bulk_add(self, keys: list[Any], values: list[Any]) -> None:
+        self.bulk_append(keys, [[v] for v in values])
+
+    def bulk_append(self, keys: list[Any], lists: list[list[Any]]) -> None:
+        """One write batch; each key's next sequence number read through one iterator."""
+        batch, it, following = WriteBatch(raw_mode=True), self._cf.iter(), {}
+        for prefix, values in zip(self._b.key_prefixes(keys), lists, strict=True):
+            if values:
+                seq = following.get(prefix)
+                if seq is None:  # the key's first append of the call
+                    seq = self._next_seq(prefix, it)
+                self._append(batch, prefix, seq, values)
+                following[prefix] = seq + len(values)
+        if len(batch):
+            self._b.db.write(batch)
 
 
 class RocksDBMapState(RocksState, MapState):
@@ -285,3 +314,37 @@ class RocksDBMapState(RocksState, MapState):
 
     def clear(self) -> None:
         self._delete_prefix(self._prefix())
+
+    # bulk access (statekit.backends.bulk.BulkState): keys, user keys and values are checked there
+
+    def bulk_get_entries(self, keys: list[Any], user_keys: list[Any]) -> list[Any]:
+        """One multi-get."""
+        kb, de = self._key_bytes, self._de
+        found = self._cf.get([prefix + kb(user_key) for prefix, user_key
+                              in zip(self._b.key_prefixes(keys), user_keys, strict=True)])
+        return [None if not data else de(data) for data in found]
+
+    def bulk_items(self, keys: list[Any]) -> list[dict[Any, Any]]:
+        kde, de, it = self._kde, self._de, self._cf.iter()
+        out = []
+        for prefix in self._b.key_prefixes(keys):
+            n = len(prefix)
+            out.append({kde(k[n:]): de(v) if v else None for k, v in self._scan(prefix, it)})
+        return out
+
+    def bulk_put_entries(self, keys: list[Any], user_keys: list[Any], values: list[Any]) -> None:
+        """One write batch (applied in order: a pair given twice keeps its last value)."""
+        batch, handle, kb, value = WriteBatch(raw_mode=True), self._handle, self._key_bytes, \
+            self._value_bytes
+        for prefix, user_key, v in zip(self._b.key_prefixes(keys), user_keys, values, strict=True):
+            batch.put(prefix + kb(user_key), value(v), handle)
+        if len(batch):
+            self._b.db.write(batch)
+
+    def bulk_remove_entries(self, keys: list[Any], user_keys: list[Any]) -> None:
+        """One write batch."""
+        batch, handle, kb = WriteBatch(raw_mode=True), self._handle, self._key_bytes
+        for prefix, user_key in zip(self._b.key_prefixes(keys), user_keys, strict=True):
+            batch.delete(prefix + kb(user_key), handle)
+        if len(batch):
+            self._b.db.write(batch)

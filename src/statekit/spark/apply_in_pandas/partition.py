@@ -288,7 +288,7 @@ class PartitionRuntime(PartitionLineage):
         self._fire_key(key, produced)
         if not timed_out:
             if self.spec.vectorized:
-                produced.extend(out for out in (op.process_frame(frame) for frame in frames)
+                produced.extend(out for out in (op.process_frame(frame, key) for frame in frames)
                                 if out is not None and len(out))
             else:
                 produced.extend(op.process_key_rows(key, key_rows(frames),

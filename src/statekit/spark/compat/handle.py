@@ -17,6 +17,7 @@ from statekit.backends.base import NO_KEY
 from statekit.errors import StateError, StateTypeError
 from statekit.runtime.timers import TimeDomain
 from statekit.spark.compat.errors import spark_message_error
+from statekit.spark.compat.query import QueryInfo
 from statekit.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -234,8 +235,11 @@ class Handle:
     """
 
     def __init__(self, time_mode: str, context: Any = None, timers: Any = None,
-                 parsed: dict[str, Any] | None = None) -> None:
+                 parsed: dict[str, Any] | None = None, batch_id: int | None = None) -> None:
         self.time_mode = time_mode
+        #: the task's micro-batch (None: the check run of ``init`` in the driver)
+        self.batch_id = batch_id
+        self._query_info: QueryInfo | None = None
         #: DDL schema strings -> StructType, parsed in the driver
         self.parsed = {} if parsed is None else parsed
         self.context = context
@@ -310,6 +314,14 @@ class Handle:
         finally:
             if previous is not NO_KEY:
                 backend.set_current_key(previous)
+
+    def getQueryInfo(self) -> QueryInfo:
+        """The running query's id, run id and micro-batch id (Spark's values; in the driver's
+        check run of ``init``, new ids and batch 0, as Spark's driver-side handle gives)."""
+        if self._query_info is None:
+            self._query_info = (QueryInfo.on_driver() if self.batch_id is None
+                                else QueryInfo.of_task(self.batch_id))
+        return self._query_info
 
     # --- timers ----------------------------------------------------------------------------------
 

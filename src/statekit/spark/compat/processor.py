@@ -66,7 +66,8 @@ class ProcessorFunction(CompatFunction):
         if not isinstance(backend.clock, _BatchTime):  # before init declares TTL states
             backend.clock = _BatchTime(self)
         self.user = copy.deepcopy(self.processor)  # Spark gives each task a fresh processor
-        self.handle = TimerHandle(self.time_mode, self.context, task.op.timers, self.parsed)
+        self.handle = TimerHandle(self.time_mode, self.context, task.op.timers, self.parsed,
+                                  task.info.batch_id)
         self.user.init(self.handle)
         self.handle.in_init = False
 

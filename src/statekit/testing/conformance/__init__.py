@@ -1,7 +1,8 @@
 """Conformance suites shipped with statekit: subclass them to test a plugin through its public
 interface, like zarr's ``StoreTests``.
 
-:class:`BackendConformance` (a keyed state backend over every storage), :class:`StorageConformance`
+:class:`BackendConformance` (a keyed state backend over every storage, bulk access to list and
+map state included), :class:`StorageConformance`
 (a checkpoint storage), :class:`BlobStoreConformance` (a blob store, checked against raw reads and
 writes that bypass its API), :class:`NamespaceConformance` (namespaced keyed state),
 :class:`OperatorStateConformance` (operator and broadcast state), and Flink's

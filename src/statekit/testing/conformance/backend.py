@@ -35,6 +35,7 @@ from statekit.state.descriptors import (
     ValueStateDescriptor,
 )
 from statekit.testing.cluster import KeyedCluster
+from statekit.testing.conformance.bulk import BulkStateConformance
 from statekit.testing.conformance.storage import STORAGE_KINDS, make_storage
 
 
@@ -66,8 +67,9 @@ REDUCE = ReducingStateDescriptor("r", lambda a, b: a + b, Types.LONG())
 AGG = AggregatingStateDescriptor("a", _Avg(), Types.LIST(Types.LONG()))
 
 
-class BackendConformance:
-    """The behaviour every keyed state backend must have, over every storage."""
+class BackendConformance(BulkStateConformance):
+    """The behaviour every keyed state backend must have, over every storage (bulk access to
+    list and map state: :class:`BulkStateConformance`)."""
 
     @pytest.fixture(params=STORAGE_KINDS)
     def checkpoint_storage(self, request: Any, tmp_path: Any) -> CheckpointStorage:
