@@ -203,6 +203,13 @@ OPTIONS: tuple[Option, ...] = (
            ("execution.checkpointing.unaligned.enabled",)),
     Option("execution.checkpointing.recover-from-older-on-corruption", parse_bool, "false",
            "When the newest checkpoint is damaged, restore the newest intact older one."),
+    Option("state.backend.local-recovery", parse_bool, "false",
+           "Keep a local copy of each task's last completed snapshot and restore from it when "
+           "it is intact, else from checkpoint storage.", ("execution.state-recovery.from-local",)),
+    Option("taskmanager.state.local.root-dirs", parse_str,
+           "`<temp dir>/statekit-localstate`; on Spark the executor's local directories",
+           "Local runner: where tasks keep their local copies (comma-separated for several).",
+           described=True),
     Option("execution.savepoint.path", parse_str, "(none)",
            "Restore from this checkpoint or savepoint.", ("execution.state-recovery.path",), described=True),
     Option("execution.state-recovery.allow-missing-state", parse_bool, "false",
@@ -299,8 +306,8 @@ _ALIASES = {alias: key for key, aliases in KEYS.items() for alias in aliases}
 #: key prefixes that belong to statekit: a key under one of them that statekit does not know is
 #: a mistake (a typo would otherwise be ignored), while other keys are the job's own parameters
 NAMESPACES = ("state.", "execution.checkpointing.", "execution.savepoint.",
-              "execution.state-recovery.", "restart-strategy", "s3.", "pipeline.max-parallelism",
-              "parallelism.default")
+              "execution.state-recovery.", "restart-strategy", "s3.", "taskmanager.state.",
+              "pipeline.max-parallelism", "parallelism.default")
 
 
 def canonical(key: str) -> str:

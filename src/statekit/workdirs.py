@@ -24,7 +24,7 @@ from pathlib import Path
 LOCK_SUFFIX = ".lock"
 #: roots statekit makes for many owners' directories (the RocksDB default ``<temp>/statekit-rocksdb``):
 #: removed by the last owner that leaves them empty
-SHARED_ROOTS = frozenset({"statekit-rocksdb"})
+SHARED_ROOTS = frozenset({"statekit-rocksdb", "statekit-localstate"})
 
 _owned: dict[str, tuple[Path, int]] = {}  # directory -> (lock file, its descriptor)
 _lock = threading.Lock()

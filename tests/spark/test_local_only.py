@@ -33,3 +33,10 @@ def test_at_least_once_is_refused_in_any_spelling():
         with pytest.raises(ConfigError, match="exactly once"):
             conf = {"execution.checkpointing.mode": value}
             refuse_local_only(conf, conf)
+
+
+def test_local_copy_root_is_refused_and_local_recovery_passes():
+    """Spark executors keep their local copies under their own local directories."""
+    refuse_local_only({"state.backend.local-recovery": "true"}, None)
+    with pytest.raises(ConfigError, match=r"spark\.local\.dir"):
+        refuse_local_only({"taskmanager.state.local.root-dirs": "/x"}, None)

@@ -23,6 +23,7 @@ from statekit.backends.base import KeyedStateBackend, SnapshotRun
 from statekit.backends.operator import OperatorStateBackend
 from statekit.checkpoint.config import CheckpointConfig
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.checkpoint.localstate import TaskLocalStateStore
 from statekit.checkpoint.schema import OPERATOR_STATE
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError, CheckpointTimeoutError, StatekitError
@@ -70,8 +71,11 @@ class CheckpointCoordinator:
     def __init__(self, config: CheckpointConfig, access: CheckpointStorageAccess,
                  transfer_threads: int = 1, first_checkpoint_id: int = 1,
                  clock: Callable[[], float] = time.monotonic,
-                 on_complete: Callable[[int], None] | None = None) -> None:
+                 on_complete: Callable[[int], None] | None = None,
+                 local: dict[str, TaskLocalStateStore] | None = None) -> None:
         self.config = config
+        #: the tasks' local copies (local recovery), by task name
+        self.local = local if local is not None else {}
         self.access = access
         self.clock = clock
         self.next_id = first_checkpoint_id
@@ -122,6 +126,8 @@ class CheckpointCoordinator:
         try:
             for name, backend in tasks.items():
                 streams = self.access.streams(cid, name)
+                if name in self.local:
+                    streams = self.local[name].streams(cid, streams)
                 pending.streams[name] = streams
                 run = backend.snapshot(cid, streams)
                 pending.runs[name] = run
@@ -203,6 +209,9 @@ class CheckpointCoordinator:
         self._last_end = self.clock()
         for backend in pending.tasks.values():
             backend.notify_checkpoint_complete(cid)
+        for name, handle in handles.items():
+            if name in self.local:
+                self.local[name].complete(cid, handle)
         # subsumption: older pending checkpoints can never be needed now
         for older in [c for c in self.pending if c < cid]:
             self._abort(self.pending[older], f"subsumed by checkpoint {cid}")
@@ -243,6 +252,9 @@ class CheckpointCoordinator:
         del self.pending[pending.checkpoint_id]
         for backend in pending.tasks.values():
             backend.notify_checkpoint_aborted(pending.checkpoint_id)
+        for name in pending.streams:
+            if name in self.local:
+                self.local[name].abort(pending.checkpoint_id)
         written = [p for s in pending.streams.values() for p in s.written]
         self.access.abort(pending.checkpoint_id, written, self.retained)
         if not all(f.done() for f in _all_futures(pending)):

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from statekit import config as cfg
 from statekit.backends.base import KeyedStateBackend
 from statekit.backends.operator import OperatorStateBackend, shares
-from statekit.backends.transfer import restore_into
 from statekit.checkpoint.config import ExternalizedCheckpointCleanup
 from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorageAccess
 from statekit.checkpoint.reader import StateReader
@@ -30,6 +29,7 @@ from statekit.errors import CheckpointError, ConfigError, JobExecutionError, Sta
 from statekit.runtime.batch import MODE_KEY, check_batch_job, is_batch, process_bounded
 from statekit.runtime.broadcast import Route, Router
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
+from statekit.runtime.localrecovery import JobLocalState, enabled, restore_preferring_local, root_dirs
 from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.outputs import CollectResult, Outputs
 from statekit.runtime.restart import RestartTracker
@@ -104,12 +104,24 @@ class LocalJob:
         self.outputs = Outputs(sink=sink, side_sinks=dict(stream._side_sinks))
         self.stats: list[CheckpointStats] = []
         self.batch = is_batch(self.env.get_runtime_mode())
+        conf = self.env.get_configuration()
+        #: the tasks' local copies of their snapshots (local recovery), gone when the job ends
+        self.local = JobLocalState(root_dirs(conf), self.job_id) if enabled(conf) else None
+        #: per restore, where each task's state came from: ``local``, ``mixed`` or ``remote``
+        self.restore_sources: list[dict[str, str]] = []
         if self.batch:
             check_batch_job(self, savepoint_dir)
 
     # --- the job --------------------------------------------------------------------------------
 
     def run(self) -> CollectResult:
+        try:
+            return self._run()
+        finally:
+            if self.local is not None:
+                self.local.dispose()
+
+    def _run(self) -> CollectResult:
         restore = self._initial_restore_point()
         tracker = RestartTracker(self.env.get_restart_strategy())
         next_checkpoint = 1 + int(restore.metadata.get("checkpoint_id", 0)) if restore else 1
@@ -119,6 +131,7 @@ class LocalJob:
                 self.checkpoint_config, self.access,
                 transfer_threads=_transfer_threads(self.backend_factory),
                 first_checkpoint_id=next_checkpoint, on_complete=self.outputs.commit_through,
+                local=self.local.tasks if self.local is not None else None,
             )
             tasks: list[_Task] = []
             try:
@@ -140,8 +153,7 @@ class LocalJob:
                     ) from cause
                 log.warning("job %s failed (%s); restarting in %d ms", self.job_id, cause, delay)
                 time.sleep(delay / 1000)
-                found = self.access.latest_valid(coordinator.retained, self._recover_from_older()
-                                                 ) if coordinator.retained else None
+                found = self._latest(coordinator.retained)
                 if found is not None:
                     latest, metadata = found
                     restore = _RestorePoint(metadata, self.access.reader(),
@@ -151,6 +163,16 @@ class LocalJob:
                 for task in tasks:
                     _close_quietly(task)
                     task.backend.dispose()
+
+    def _latest(self, retained: list[int]) -> tuple[int, dict[str, Any]] | None:
+        """The checkpoint a restart restores.  Checked file by file first, unless local recovery
+        may read it from the tasks' copies (the restore then checks each byte it reads, wherever
+        it reads it) and no older checkpoint could stand in for a damaged one."""
+        if not retained:
+            return None
+        if self.local is not None and not self._recover_from_older():
+            return retained[-1], self.access.load(retained[-1])
+        return self.access.latest_valid(retained, self._recover_from_older())
 
     def _initial_restore_point(self) -> _RestorePoint | None:
         path = self.env.get_configuration().get("execution.savepoint.path")
@@ -182,21 +204,34 @@ class LocalJob:
         operator_states = shares(restore.metadata.get(OPERATOR_STATE) if restore else None,
                                  restore.reader if restore else None, self.parallelism)
         restored_id = None if restore is None else int(restore.metadata.get("checkpoint_id", 0))
+        sources: dict[str, str] = {}
         for index in range(self.parallelism):
             rng = key_group_range_for_operator(self.max_parallelism, self.parallelism, index)
-            backend = self.backend_factory.create_keyed_state_backend(
-                key_serializer=self.key_serializer, key_group_range=rng,
-                max_parallelism=self.max_parallelism, operator_id=OPERATOR,
-            )
-            backend.set_size_limits(*self._size_limits())
             name = f"{OPERATOR}-{index}"
-            if restore is not None:
-                handles = [
-                    h for h in restore.metadata.get("tasks", {}).values()
+
+            def create(rng: KeyGroupRange = rng) -> KeyedStateBackend:
+                backend = self.backend_factory.create_keyed_state_backend(
+                    key_serializer=self.key_serializer, key_group_range=rng,
+                    max_parallelism=self.max_parallelism, operator_id=OPERATOR,
+                )
+                backend.set_size_limits(*self._size_limits())
+                return backend
+
+            local = None if self.local is None else self.local.task(
+                index, name, f"{self.access.location}|{name}|{rng.start}-{rng.end}")
+            if restore is None:
+                backend = create()
+            else:
+                handles = {
+                    n: h for n, h in restore.metadata.get("tasks", {}).items()
                     if len(recorded_key_groups(h).intersection(rng))
-                ]
+                }
+                # a task reads its own local copy, if any, of the checkpoint being restored
+                readers = [None if local is None or n != name or restored_id is None
+                           else local.reader(restored_id, h) for n, h in handles.items()]
                 # any backend's checkpoint restores into any backend (the one config flag)
-                restore_into(backend, [(h, restore.reader) for h in handles])
+                backend, sources[name] = restore_preferring_local(
+                    create, [(h, restore.reader) for h in handles.values()], readers)
             try:
                 op = KeyedOperator(self.func, backend, task_name=name, index=index,
                                    max_parallelism=self.max_parallelism,
@@ -211,6 +246,9 @@ class LocalJob:
                 backend.dispose()
                 raise _UserFailure() from exc
             tasks.append(_Task(index, name, rng, backend, op))
+        if restore is not None:
+            self.restore_sources.append(sources)
+            log.info("job %s restored from %s: %s", self.job_id, restore.path, sources)
         self._restore_time(tasks, restore)
         return tasks
 
@@ -392,6 +430,7 @@ class LocalJob:
         result.retained_checkpoints = [self.access.checkpoint_path(c) for c in coordinator.retained]
         result.savepoint_path = savepoint
         result.side_outputs = self.outputs.side
+        result.restore_sources = self.restore_sources
         return result
 
 

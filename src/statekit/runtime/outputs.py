@@ -23,6 +23,9 @@ class CollectResult(list):  # type: ignore[type-arg]
     savepoint_path: str | None
     #: committed side outputs by tag id (``(tag, value)`` outputs of the function)
     side_outputs: dict[str, list[Any]]
+    #: per restore within the job, where each task's state came from (``local``: its local
+    #: copy, ``remote``: checkpoint storage, ``mixed``)
+    restore_sources: list[dict[str, str]]
 
     def get_side_output(self, tag: OutputTag) -> list[Any]:
         """The committed values sent to the side output ``tag`` (empty when none were)."""

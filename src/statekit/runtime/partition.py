@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekit.backends.base import KeyedStateBackend, RestoreSource, StateBackend
-from statekit.backends.transfer import restore_into
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.blobstore.fsspec import blob_store_for
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.checkpoint.localstate import TaskLocalStateStore
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.savepoint import open_external
 from statekit.checkpoint.schema import OPERATOR_STATE
@@ -36,6 +36,7 @@ from statekit.errors import (
     MissingStateError,
     StatekitError,
 )
+from statekit.runtime.localrecovery import partition_store, restore_preferring_local
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import TypeSerializer
 
@@ -203,7 +204,8 @@ class PartitionStore:
                  operator_id: str, partition: int, key_serializer: TypeSerializer,
                  max_parallelism: int = DEFAULT_MAX_PARALLELISM,
                  versions_retained: int = DEFAULT_VERSIONS_RETAINED,
-                 allow_missing_state: bool = False, scaling: Scaling | None = None) -> None:
+                 allow_missing_state: bool = False, scaling: Scaling | None = None,
+                 local_recovery: bool = False) -> None:
         self.backend_factory = backend
         self.storage = storage
         self.manifest = OperatorManifest(storage, query_id, operator_id)
@@ -223,6 +225,12 @@ class PartitionStore:
         self.backend: KeyedStateBackend | None = None
         self.restored_from: int | None = None
         self.reused = False
+        #: where the last open found the state: ``reused`` (this process's), ``local`` (the
+        #: executor's local copy), ``remote`` (checkpoint storage), None (nothing to restore)
+        self.source: str | None = None
+        #: the executor's local copies of this partition's versions (local recovery)
+        self.local: TaskLocalStateStore | None = partition_store(
+            self.access.location, query_id, operator_id, partition) if local_recovery else None
         #: the operator running on the backend: kept with the local copy across batches, so the
         #: user's function is opened once per partition and process (again only after a restore)
         self.operator: Any = None
@@ -244,24 +252,31 @@ class PartitionStore:
                 durable_attempt = None
             if durable_attempt == local.attempt:
                 self.backend, self.reused, self.restored_from = local.backend, True, base
-                self.operator = local.operator
+                self.operator, self.source = local.operator, "reused"
                 return local.backend
         if local is not None:
             local.drop()
         self.operator = None
-        backend = self.backend_factory.create_keyed_state_backend(
-            key_serializer=self.key_serializer,
-            key_group_range=KeyGroupRange.all(self.max_parallelism),
-            max_parallelism=self.max_parallelism, operator_id=self.operator_id,
-        )
+
+        def create() -> KeyedStateBackend:
+            return self.backend_factory.create_keyed_state_backend(
+                key_serializer=self.key_serializer,
+                key_group_range=KeyGroupRange.all(self.max_parallelism),
+                max_parallelism=self.max_parallelism, operator_id=self.operator_id,
+            )
+
+        readers: list[Any] = []
         if sources is None and base is not None:
-            sources = [(h, self.access.reader()) for h in self.access.load(base)["tasks"].values()]
-        try:
-            if sources:
-                restore_into(backend, sources, key_filter=owns, skip_states=skip)
-        except BaseException:
-            backend.dispose()
-            raise
+            tasks = self.access.load(base)["tasks"]
+            sources = [(h, self.access.reader()) for h in tasks.values()]
+            if self.local is not None:  # its own version: the executor's copy, if intact
+                readers = [self.local.reader(base, h) for h in tasks.values()]
+        if sources:
+            backend, self.source = restore_preferring_local(
+                create, sources, readers or [None] * len(sources), key_filter=owns,
+                skip_states=skip)
+        else:
+            backend, self.source = create(), None
         self.backend, self.reused, self.restored_from = backend, False, base
         return backend
 
@@ -335,7 +350,14 @@ class PartitionStore:
             raise StatekitError("commit() without open()")
         start = time.perf_counter()
         streams = self.access.streams(self.batch, f"p{self.partition}-{uuid.uuid4().hex[:8]}")
-        handle = self.backend.snapshot(self.batch, streams).run()
+        if self.local is not None:
+            streams = self.local.streams(self.batch, streams)
+        try:
+            handle = self.backend.snapshot(self.batch, streams).run()
+        except BaseException:
+            if self.local is not None:
+                self.local.abort(self.batch)
+            raise
         body = {
             "tasks": {"partition": handle}, "attempt": self.attempt, "batch": self.batch,
             "partition": self.partition, "num_partitions": self.scaling.num_partitions,
@@ -343,7 +365,14 @@ class PartitionStore:
             "operator_id": self.operator_id, "max_parallelism": self.max_parallelism,
             "timestamp": int(time.time() * 1000), **(extra or {}),
         }
-        path = self.access.commit(self.batch, body)
+        try:
+            path = self.access.commit(self.batch, body)
+        except BaseException:
+            if self.local is not None:
+                self.local.abort(self.batch)
+            raise
+        if self.local is not None:
+            self.local.complete(self.batch, handle)
         self.manifest.ensure(self.batch, max_parallelism=self.max_parallelism)
         self.backend.notify_checkpoint_complete(self.batch)
         with _LOCAL_LOCK:
@@ -355,7 +384,8 @@ class PartitionStore:
         self._retire_old_versions()
         log.info("committed %s version %d (%d bytes, %.1f ms, %s)", self.access.location,
                  self.batch, streams.bytes_written, (time.perf_counter() - start) * 1000,
-                 "reused local state" if self.reused else f"restored from {self.restored_from}")
+                 "reused local state" if self.reused else
+                 f"restored from {self.restored_from} ({self.source or 'nothing'})")
         self.backend = None
         self.operator = None
         return path

@@ -64,6 +64,8 @@ LOCAL_ONLY = {
     "execution.checkpointing.recover-from-older-on-corruption":
         "nothing: a damaged partition version fails the task with a typed error, and Spark's "
         "own retries or a restore from a savepoint (" + SAVEPOINT_KEY + ") recover",
+    "taskmanager.state.local.root-dirs": "spark.local.dir (each executor keeps its local copies "
+                                         "under its own local directories)",
     "parallelism.default": "spark.sql.shuffle.partitions (or foreach_batch's num_partitions)",
     "execution.runtime-mode": "a batch query (spark.read) or writeStream.trigger(availableNow=True)",
 }

@@ -14,6 +14,7 @@ from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.filesystem import s3_options_from_config
 from statekit.errors import StatekitError
 from statekit.runtime.functions import Function, VectorizedKeyedFunction
+from statekit.runtime.localrecovery import enabled as local_recovery_enabled
 from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.partition import (
     DEFAULT_VERSIONS_RETAINED,
@@ -130,6 +131,7 @@ class PartitionTask:
             spec.backend, spec.storage, info.query_id, spec.operator_id, info.partition,
             GenericSerializer(), spec.max_parallelism, spec.versions_retained,
             spec.allow_missing_state, scaling or spec.scaling(info.partition),
+            local_recovery=local_recovery_enabled(spec.conf),
         )
         self.backend = self.store.open(info.batch_id, info.attempt_token)
         self.clock = BatchClock()
