@@ -7,10 +7,11 @@ round** (the machine is shared, so only ratios measured side by side are trustwo
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,16 @@ def best_disk(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 def mean_disk(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: round((a[k] + b[k]) / 2, 4) for k in a}
+
+
+def spark_env(driver: Any) -> Iterator[tuple[Any, Any]]:
+    """A benchmark module's Spark session and inputs, warmed up, stopped and removed after it
+    (``driver``: a driver module with ``Inputs``, ``make_spark``, ``warm_up``, ``stop_spark``)."""
+    inputs = driver.Inputs(QUICK)
+    spark = driver.make_spark()
+    try:
+        driver.warm_up(spark, inputs)
+        yield spark, inputs
+    finally:
+        driver.stop_spark(spark)
+        shutil.rmtree(inputs.root, ignore_errors=True)

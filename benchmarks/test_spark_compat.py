@@ -14,22 +14,18 @@ counts.  The runs are in ``spark_compat_driver`` (its docstring has the method);
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import pytest
 
-from benchmarks._common import QUICK, STRICT
+from benchmarks import spark_compat_driver
+from benchmarks._common import QUICK, STRICT, spark_env
 from benchmarks.spark_compat_driver import (
     NATIVE,
     PATHS,
-    Inputs,
-    make_spark,
     run_path,
     save,
-    stop_spark,
     summarize,
-    warm_up,
 )
 
 pytestmark = pytest.mark.spark
@@ -39,14 +35,7 @@ RESULTS: list[dict[str, Any]] = []
 
 @pytest.fixture(scope="module")
 def env():
-    inputs = Inputs(QUICK)
-    spark = make_spark()
-    try:
-        warm_up(spark, inputs)
-        yield spark, inputs
-    finally:
-        stop_spark(spark)
-        shutil.rmtree(inputs.root, ignore_errors=True)
+    yield from spark_env(spark_compat_driver)
 
 
 @pytest.mark.parametrize(("workload", "api", "backend"), PATHS,

@@ -20,22 +20,18 @@ mode writes ``results/spark.json``.  ``STATEKIT_BENCH_STRICT=1`` asserts the iss
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import pytest
 
-from benchmarks._common import QUICK, STRICT
+from benchmarks import spark_driver
+from benchmarks._common import QUICK, STRICT, spark_env
 from benchmarks.spark_driver import (
     LARGE_MAP_PATHS,
     RUNNING_AGGREGATE_PATHS,
-    Inputs,
-    make_spark,
     run,
     save,
-    stop_spark,
     summarize,
-    warm_up,
 )
 
 pytestmark = pytest.mark.spark
@@ -45,14 +41,7 @@ RESULTS: list[dict[str, Any]] = []
 
 @pytest.fixture(scope="module")
 def env():
-    inputs = Inputs(QUICK)
-    spark = make_spark()
-    try:
-        warm_up(spark, inputs)
-        yield spark, inputs
-    finally:
-        stop_spark(spark)
-        shutil.rmtree(inputs.root, ignore_errors=True)
+    yield from spark_env(spark_driver)
 
 
 def _record(benchmark: Any, result: dict[str, Any]) -> None:

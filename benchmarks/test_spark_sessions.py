@@ -14,22 +14,18 @@ are in ``spark_sessions_driver`` (its docstring has the method); results in
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import pytest
 
-from benchmarks._common import QUICK, STRICT
+from benchmarks import spark_sessions_driver
+from benchmarks._common import QUICK, STRICT, spark_env
 from benchmarks.spark_sessions_driver import (
     SESSION_PATHS,
     TARGET_RATIO,
-    Inputs,
-    make_spark,
     run,
     save,
-    stop_spark,
     summarize,
-    warm_up,
 )
 
 pytestmark = pytest.mark.spark
@@ -39,14 +35,7 @@ RESULTS: list[dict[str, Any]] = []
 
 @pytest.fixture(scope="module")
 def env():
-    inputs = Inputs(QUICK)
-    spark = make_spark()
-    try:
-        warm_up(spark, inputs)
-        yield spark, inputs
-    finally:
-        stop_spark(spark)
-        shutil.rmtree(inputs.root, ignore_errors=True)
+    yield from spark_env(spark_sessions_driver)
 
 
 @pytest.mark.parametrize(("path", "backend"), SESSION_PATHS,
