@@ -17,6 +17,7 @@ from statekit import (
 )
 from statekit.checkpoint.savepoint import open_external
 from statekit.errors import JobExecutionError, StateSizeError, StateTypeError
+from tests.runtime.envs import expected_final, final_of
 
 ITEMS = [(f"user{i % 13}", i) for i in range(3000)]
 
@@ -40,22 +41,6 @@ class RunningSum(KeyedProcessFunction):
         self.count.update(c)
         self.total.update(s)
         yield ctx.get_current_key(), c, s
-
-
-def expected_final(items):
-    out = {}
-    for k, v in items:
-        c, s = out.get(k, (0, 0))
-        out[k] = (c + 1, s + v)
-    return out
-
-
-def final_of(results):
-    out = {}
-    for k, c, s in results:
-        if c > out.get(k, (0, 0))[0]:
-            out[k] = (c, s)
-    return out
 
 
 def make_env(conf=None, parallelism=3):

@@ -14,26 +14,10 @@ from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.handles import file_paths
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import ConfigError, CorruptCheckpointError
-from tests.runtime.envs import env_for
+from tests.runtime.envs import env_for, expected_final, final_of
 
 ITEMS = [(f"user{i % 13}", i) for i in range(4000)]  # from 1000 on: up to 6 s for a checkpoint
 TASKS = ("keyed-process-0", "keyed-process-1")
-
-
-def expected(items):
-    out = {}
-    for k, v in items:
-        c, s = out.get(k, (0, 0))
-        out[k] = (c + 1, s + v)
-    return out
-
-
-def final_of(results):
-    out = {}
-    for k, c, s in results:
-        if c > out.get(k, (0, 0))[0]:
-            out[k] = (c, s)
-    return out
 
 
 def remote_state_files(chk: Path):
@@ -99,7 +83,7 @@ def run(tmp_path, backend, before_failure, first=1, **conf):
     result = env.from_collection(ITEMS).key_by(lambda x: x[0]).process(
         Failing(hook, lambda: copies_ready(tmp_path / "local", first))).execute_and_collect()
     assert result.restarts == 1
-    assert final_of(result) == expected(ITEMS)
+    assert final_of(result) == expected_final(ITEMS)
     assert len(result) == len(ITEMS)
     assert len(seen["copies"]) == 2  # one copy per task: of the latest checkpoint only
     assert not (tmp_path / "local").exists() or not any((tmp_path / "local").iterdir())
