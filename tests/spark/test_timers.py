@@ -121,6 +121,12 @@ def test_timers_on_every_adapter_and_backend(spark, tmp_path):
             for run, query in started.items():
                 wait_for(lambda run=run, query=query: done(sinks[run]) or query.exception(),
                          f"{run}: {sinks[run].by_batch}")
+                # the sink sees a batch before Spark commits it: stop only once the batch that
+                # showed ``done`` is committed (the reader below reads the committed state)
+                seen = max(sinks[run].by_batch)
+                wait_for(lambda query=query, seen=seen: query.exception() or (
+                    query.lastProgress is not None and query.lastProgress["batchId"] >= seen),
+                    f"{run}: batch {seen} committed")
                 query.stop()
                 assert query.exception() is None, run
 
