@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import QUICK, key_prefix_fn, raw_rdict, rocksdb_backend
+from benchmarks._common import QUICK, interleaved, key_prefix_fn, loadavg, raw_rdict, rocksdb_backend
 
 KEYS = 50_000 if QUICK else 500_000  # existing keys (flink-benchmarks: 500K setup keys)
 MAP_KEYS = 10  # user keys per map (flink-benchmarks: 10)
@@ -677,3 +677,14 @@ def bulk_op(env: Env, name: str) -> Op:
     else:
         raise ValueError(name)
     return bulk_fn, {"per_key": per_key}
+
+
+def run_bulk_vs_per_key(benchmark: Any, env: Env, backend: str, op: str) -> None:
+    """One bulk list or map operation against the same work key by key, on ``backend``'s env
+    (``ratio_vs_per_key``: how many times the per-key loop's time the bulk call saves)."""
+    benchmark.group = f"bulk-vs-per-key-{op}"
+    target, baselines = bulk_op(env, op)
+    figures = interleaved(benchmark, target, baselines, ops=OPS[backend], rounds=ROUNDS)
+    figures.update({"backend": backend, "op": op, "keys": KEYS, "loadavg": loadavg()})
+    benchmark.extra_info.update(figures)
+    print(f"\n{backend} {op}: {figures}")

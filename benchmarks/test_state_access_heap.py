@@ -18,9 +18,9 @@ from benchmarks._state_access import (
     OPS,
     ROUNDS,
     Env,
-    bulk_op,
     heap_env,
     heap_op,
+    run_bulk_vs_per_key,
 )
 
 
@@ -46,11 +46,5 @@ def test_heap_state_access(benchmark: Any, env: Env, op: str) -> None:
 
 @pytest.mark.parametrize("op", BULK_OPERATIONS)
 def test_heap_bulk_vs_per_key(benchmark: Any, env: Env, op: str) -> None:
-    """Bulk list and map access against the same work key by key (``ratio_vs_per_key``: how many
-    times the per-key loop's time the bulk call saves)."""
-    benchmark.group = f"bulk-vs-per-key-{op}"
-    target, baselines = bulk_op(env, op)
-    figures = interleaved(benchmark, target, baselines, ops=OPS["heap"], rounds=ROUNDS)
-    figures.update({"backend": "heap", "op": op, "keys": KEYS, "loadavg": loadavg()})
-    benchmark.extra_info.update(figures)
-    print(f"\nheap {op}: {figures}")
+    """Bulk list and map access against the same work key by key."""
+    run_bulk_vs_per_key(benchmark, env, "heap", op)

@@ -19,9 +19,9 @@ from benchmarks._state_access import (
     OPS,
     ROUNDS,
     Env,
-    bulk_op,
     rocksdb_env,
     rocksdb_op,
+    run_bulk_vs_per_key,
 )
 
 
@@ -49,11 +49,5 @@ def test_rocksdb_state_access(benchmark: Any, env: Env, op: str) -> None:
 
 @pytest.mark.parametrize("op", BULK_OPERATIONS)
 def test_rocksdb_bulk_vs_per_key(benchmark: Any, env: Env, op: str) -> None:
-    """Bulk list and map access against the same work key by key (``ratio_vs_per_key``: how many
-    times the per-key loop's time the bulk call saves)."""
-    benchmark.group = f"bulk-vs-per-key-{op}"
-    target, baselines = bulk_op(env, op)
-    figures = interleaved(benchmark, target, baselines, ops=OPS["rocksdb"], rounds=ROUNDS)
-    figures.update({"backend": "rocksdb", "op": op, "keys": KEYS, "loadavg": loadavg()})
-    benchmark.extra_info.update(figures)
-    print(f"\nrocksdb {op}: {figures}")
+    """Bulk list and map access against the same work key by key."""
+    run_bulk_vs_per_key(benchmark, env, "rocksdb", op)
