@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import spark_driver, spark_sessions_driver
-from benchmarks.spark_driver import ROOT, make_spark, stop_spark
+from benchmarks.spark_driver import make_spark, save_summary, stop_spark
 from statekit.testing.workloads import GAP, split_sessions
 
 NATIVE = "spark-rocksdb"
@@ -192,11 +192,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def save(results: list[dict[str, Any]], quick: bool) -> Path:
-    target = Path(os.environ.get("STATEKIT_COMPAT_JSON") or ROOT / "benchmarks" / "results" / (
-        "spark-compat-quick.json" if quick else "spark-compat.json"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(summarize(results), indent=1) + "\n")
-    return target
+    return save_summary(summarize(results), "STATEKIT_COMPAT_JSON", "spark-compat", quick)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -540,12 +540,17 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def save(results: list[dict[str, Any]], quick: bool) -> Path:
-    target = Path(os.environ.get("STATEKIT_SPARK_JSON") or
-                  ROOT / "benchmarks" / "results" / ("spark-quick.json" if quick else "spark.json"))
+def save_summary(summary: dict[str, Any], env_var: str, stem: str, quick: bool) -> Path:
+    """Write a Spark benchmark's summary to ``$env_var`` or ``results/<stem>[-quick].json``."""
+    target = Path(os.environ.get(env_var) or ROOT / "benchmarks" / "results" / (
+        f"{stem}-quick.json" if quick else f"{stem}.json"))
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(summarize(results), indent=1) + "\n")
+    target.write_text(json.dumps(summary, indent=1) + "\n")
     return target
+
+
+def save(results: list[dict[str, Any]], quick: bool) -> Path:
+    return save_summary(summarize(results), "STATEKIT_SPARK_JSON", "spark", quick)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,7 +43,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.spark_driver import ROOT, _git, make_spark, stop_spark
+from benchmarks.spark_driver import _git, make_spark, save_summary, stop_spark
 from statekit.testing.workloads import GAP, Sessions, expected_sessions, split_sessions
 
 OUTPUT = "user string, start long, end long, events long"
@@ -348,11 +348,7 @@ def _same_file(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def save(results: list[dict[str, Any]], quick: bool) -> Path:
-    target = Path(os.environ.get("STATEKIT_SESSIONS_JSON") or ROOT / "benchmarks" / "results" / (
-        "spark-sessions-quick.json" if quick else "spark-sessions.json"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(summarize(results), indent=1) + "\n")
-    return target
+    return save_summary(summarize(results), "STATEKIT_SESSIONS_JSON", "spark-sessions", quick)
 
 
 def main(argv: list[str] | None = None) -> None:
