@@ -101,3 +101,13 @@ def test_an_unusable_checkpoint_directory_fails_at_the_adapter_call(spark, tmp_p
     finally:
         spark.conf.unset("spark.statekit.state.checkpoints.dir")
     assert not (tmp_path / "file").is_dir() and not os.path.exists(directory)
+
+
+def test_local_recovery_is_refused_where_it_cannot_take_effect(spark):
+    """apply_in_pandas_with_state restores from checkpoint storage only: the key is refused there,
+    at the call, and taken by the other adapters."""
+    conf = {"state.backend.local-recovery": "true"}
+    with pytest.raises(ConfigError, match="apply_in_pandas_with_state"):
+        call(spark, "apply_in_pandas_with_state", conf)
+    for adapter in ("foreach_batch", "transform_with_state"):
+        call(spark, adapter, conf)

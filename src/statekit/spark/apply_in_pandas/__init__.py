@@ -19,6 +19,7 @@ from typing import Any
 
 from statekit import config as cfg
 from statekit.errors import ConfigError
+from statekit.runtime import localrecovery
 from statekit.serde.types import packb, unpackb
 from statekit.spark.adapters import build_spec
 from statekit.spark.apply_in_pandas.lineage import (
@@ -128,6 +129,11 @@ def apply_in_pandas_with_state(grouped_df: Any, function: Any, output_schema: An
     spark = grouped_df._df.sparkSession
     spec, schema = build_spec(spark, function, [], output_schema, operator_id, conf, grouped_df,
                               event_time_column=event_time_column)
+    if localrecovery.enabled(spec.conf):  # its snapshot chain is read from checkpoint storage
+        raise ConfigError(localrecovery.ENABLED_KEY, "cannot take effect on "
+                          "apply_in_pandas_with_state, which restores its snapshots and the changes "
+                          "carried in Spark's state store from checkpoint storage; use "
+                          "foreach_batch or transform_with_state for local recovery")
     watermark = has_watermark(grouped_df._df)
     every = cfg.read(spec.conf, MATERIALIZE_KEY)
     mid_task = cfg.read(spec.conf, MID_TASK_KEY)
