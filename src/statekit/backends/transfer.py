@@ -82,7 +82,10 @@ def _neutral(backend: KeyedStateBackend, handle: dict[str, Any], reader: Any,
     recorded = handle.get("key_type")
     key_serializer = (backend.key_serializer if recorded is None
                       else serializer_from_config(recorded))
-    source = _READERS[handle["format"]]().create_keyed_state_backend(
+    reader_factory = _READERS[handle["format"]]()
+    if isinstance(reader_factory, EmbeddedRocksDBStateBackend):  # downloads on the target's threads
+        reader_factory.set_number_of_transfering_threads(getattr(backend, "transfer_threads", 1))
+    source = reader_factory.create_keyed_state_backend(
         key_serializer=key_serializer, key_group_range=key_groups,
         max_parallelism=backend.max_parallelism, operator_id="transfer")
     try:
