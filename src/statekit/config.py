@@ -240,7 +240,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.rocksdb.options-factory", parse_str, "(none)",
            "Dotted path of a RocksDBOptionsFactory.", described=True),
     Option("state.backend.rocksdb.checkpoint.transfer.thread.num", _POS_INT, "1",
-           "Threads uploading and downloading RocksDB files."),
+           "Threads uploading a RocksDB backend's checkpoint files and downloading them at "
+           "restore (all at once, each verified as it lands); the local runner also runs this "
+           "many tasks' asynchronous snapshot parts at once."),
     Option("state.backend.rocksdb.timer-service.factory", _choice("ROCKSDB", "HEAP"), "ROCKSDB",
            "Where the RocksDB backend keeps timers: `ROCKSDB` (column families, larger than "
            "memory) or `HEAP` (in memory, faster)."),
@@ -271,7 +273,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.heap.max-log-ratio", at_least(parse_float, 1e-9, 1e9), "0.5",
            "Incremental heap checkpoints: a new base once the log exceeds this share of it."),
     Option("state.backend.heap.transfer.thread.num", _POS_INT, "1",
-           "Threads writing heap snapshots."),
+           "Local runner: how many tasks' asynchronous heap snapshot parts run at once (each "
+           "snapshot is written by one thread). Restores and the Spark adapters do not use it: "
+           "a heap restore reads each file with one read-ahead thread."),
     # --- object stores ----------------------------------------------------------------------------
     Option("state.storage.fs.retries", _NONNEG_INT, "4", "Retries of a failed store operation."),
     Option("state.storage.fs.retry-backoff", _NONNEG_DUR, "100 ms", "First retry delay."),

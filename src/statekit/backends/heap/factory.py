@@ -105,7 +105,8 @@ class HashMapStateBackend(StateBackend):
         return float(default(_PACE_KEY) if self._pace is None else self._pace)
 
     def get_number_of_transfering_threads(self) -> int:
-        """Threads writing snapshots (default 1); misspelt as PyFlink spells it, for drop-in use."""
+        """How many tasks' asynchronous snapshots the local runner writes at once (default 1; one
+        thread writes each snapshot, restores do not use it); misspelt as PyFlink spells it."""
         return int(default(_THREADS_KEY) if self._threads is None else self._threads)
 
     def set_number_of_transfering_threads(self, number_of_transfering_threads: int) -> None:
