@@ -24,6 +24,7 @@ from benchmarks._common import TARGETS
 from benchmarks._state_access import OPERATIONS
 from benchmarks.report_bulk import section_bulk
 from benchmarks.report_compat import section_compat
+from benchmarks.report_remote import section_remote_restore
 from benchmarks.report_timers import section_timers
 from benchmarks.report_windows import section_windows
 
@@ -673,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         section_bulk(data),
         ck_text,
         section_heap_snapshot(data),
+        section_remote_restore(data, args.command),
         section_export(data),
         disk_text,
         section_spark(args.spark, args.img_dir, rel),

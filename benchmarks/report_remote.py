@@ -1,0 +1,42 @@
+"""The RocksDB restore-from-storage section of ``docs/benchmarks.md``: a restore and a restart
+(restore → first element) on 1-8 transfer threads against the raw download of the same files on
+as many threads (``benchmarks/test_remote_restore_bench.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MIB = 1024 * 1024
+
+
+def section_remote_restore(data: dict[str, Any], command: str = "make bench") -> str:
+    """A table per state size (empty when the run has none)."""
+    rows = [b["extra_info"] for b in data.get("benchmarks", [])
+            if b["name"].startswith("test_rocksdb_restore_from_storage")]
+    if not rows:
+        return ""
+    lines = [
+        "## RocksDB restore from checkpoint storage (transfer threads)",
+        "",
+        "One RocksDB state of 1 KiB values, checkpointed in full to a FileSystem storage on the "
+        "local disk and to S3 (s3fs against moto's server on 127.0.0.1). Per storage and "
+        "`state.backend.rocksdb.checkpoint.transfer.thread.num`, interleaved in the same run: "
+        "the raw download of the checkpoint's files with fsspec `get_file` on as many threads "
+        "(nothing verified), and a restart (a new backend restores the checkpoint, every file "
+        "verified for size and CRC-32 on its transfer thread, the state registered, the first "
+        "key read). `restore / raw` and `first element / raw` are time ratios (1.0: as fast as "
+        "the raw download); the local storage hard-links SST files where the raw download "
+        "copies them. Median of the rounds. Benchmark: `benchmarks/test_remote_restore_bench.py`"
+        " (1 GiB: marker `large`).",
+        "",
+        "| state | files | storage | threads | raw download | raw MiB/s | restore | restore / raw "
+        "| restart → first element | first element / raw | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in sorted(rows, key=lambda e: (e["state_bytes"], e["storage"], e["threads"])):
+        lines.append(
+            f"| {e['state_bytes'] / _MIB:,.0f} MiB ({e['keys']:,} keys) | {e['files']} "
+            f"| {e['storage']} | {e['threads']} | {e['raw_s']:.3f} s | {e['raw_mib_s']:,.0f} "
+            f"| {e['restore_s']:.3f} s | {e['restore_vs_raw']:.2f} | {e['first_element_s']:.3f} s "
+            f"| {e['first_element_vs_raw']:.2f} | `{command}` |")
+    return "\n".join(lines) + "\n"
