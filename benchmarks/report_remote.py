@@ -4,13 +4,17 @@ as many threads (``benchmarks/test_remote_restore_bench.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _MIB = 1024 * 1024
 
 
-def section_remote_restore(data: dict[str, Any], command: str = "make bench") -> str:
-    """A table per state size (empty when the run has none)."""
+def section_remote_restore(data: dict[str, Any],
+                           command: str | Callable[[dict[str, Any]], str] = "make bench") -> str:
+    """One table of every size, storage and thread count (empty when the run has none);
+    ``command``: what produced the figures, or a function of a row's figures saying it."""
+    said = command if callable(command) else (lambda _: command)
     rows = [b["extra_info"] for b in data.get("benchmarks", [])
             if b["name"].startswith("test_rocksdb_restore_from_storage")]
     if not rows:
@@ -38,5 +42,5 @@ def section_remote_restore(data: dict[str, Any], command: str = "make bench") ->
             f"| {e['state_bytes'] / _MIB:,.0f} MiB ({e['keys']:,} keys) | {e['files']} "
             f"| {e['storage']} | {e['threads']} | {e['raw_s']:.3f} s | {e['raw_mib_s']:,.0f} "
             f"| {e['restore_s']:.3f} s | {e['restore_vs_raw']:.2f} | {e['first_element_s']:.3f} s "
-            f"| {e['first_element_vs_raw']:.2f} | `{command}` |")
+            f"| {e['first_element_vs_raw']:.2f} | `{said(e)}` |")
     return "\n".join(lines) + "\n"

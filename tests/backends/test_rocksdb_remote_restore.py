@@ -188,7 +188,7 @@ def test_a_failed_file_stops_the_downloads_not_yet_begun(tmp_path):
     paths = file_paths(handle)
     first = next(iter(handle["sst"].values()))["path"]
     access.store.delete(first)
-    store = InFlight(access.store, want=1, slow=0.3, first=first)
+    store = InFlight(access.store, want=1, slow=1.0, first=first)
     kb = keyed(factory(tmp_path, "broken", 2))
     try:
         with pytest.raises(CheckpointNotFoundError):
