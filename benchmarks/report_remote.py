@@ -43,4 +43,22 @@ def section_remote_restore(data: dict[str, Any],
             f"| {e['storage']} | {e['threads']} | {e['raw_s']:.3f} s | {e['raw_mib_s']:,.0f} "
             f"| {e['restore_s']:.3f} s | {e['restore_vs_raw']:.2f} | {e['first_element_s']:.3f} s "
             f"| {e['first_element_vs_raw']:.2f} | `{said(e)}` |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + _summary(rows) + "\n"
+
+
+def _summary(rows: list[dict[str, Any]]) -> str:
+    """Per size and storage: the range of ``restore / raw`` over the thread counts, the raw
+    download's MiB/s on 1 thread and at best, and the longest time from the restore's end to
+    the first key read."""
+    out = []
+    for size, storage in sorted({(e["state_bytes"], e["storage"]) for e in rows}):
+        group = [e for e in rows if (e["state_bytes"], e["storage"]) == (size, storage)]
+        ratios = [e["restore_vs_raw"] for e in group]
+        one = [e["raw_mib_s"] for e in group if e["threads"] == 1]
+        after = max(e["first_element_s"] - e["restore_s"] for e in group)
+        out.append(
+            f"- {size / _MIB:,.0f} MiB from {storage}: restore / raw {min(ratios):.2f}-"
+            f"{max(ratios):.2f}; raw download {one[0] if one else 0:,.0f} MiB/s on 1 thread, "
+            f"{max(e['raw_mib_s'] for e in group):,.0f} MiB/s at best; the first key read at "
+            f"most {after * 1000:.0f} ms after the restore returned.")
+    return "\n".join(out) + "\n"
