@@ -22,8 +22,9 @@ from statekit.inspection.model import (
     StateInfo,
     VerifyReport,
 )
+from statekit.inspection.stateview import StateSplit, StateView
 from statekit.inspection.verify import verify
-from statekit.inspection.views import CheckpointView, StateSplit, StateView, open_checkpoint
+from statekit.inspection.views import CheckpointView, open_checkpoint
 
 __all__ = [
     "FORMATS",

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from statekit.errors import ConfigError
 from statekit.inspection.catalog import list_checkpoints
-from statekit.inspection.views import CheckpointView, StateView, open_checkpoint
+from statekit.inspection.stateview import StateView
+from statekit.inspection.views import CheckpointView, open_checkpoint
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -29,7 +29,8 @@ from statekit.checkpoint.schema import OPERATOR_STATE
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import ConfigError, StateError
 from statekit.inspection.entries import iter_chunks
-from statekit.inspection.views import CheckpointView, StateView, open_checkpoint
+from statekit.inspection.stateview import StateView
+from statekit.inspection.views import CheckpointView, open_checkpoint
 from statekit.serde.keygroups import UPPER_BOUND_MAX_PARALLELISM, key_group_for_bytes
 from statekit.serde.msgpack import packb
 

@@ -36,13 +36,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from statekit.errors import ConfigError
 from statekit.inspection.arrow import RowPlan, record_batches
 from statekit.inspection.changes import change_feed, feed_schema, pick_state, state_metadata
-from statekit.inspection.views import (
-    CheckpointView,
-    StateSplit,
-    StateView,
-    open_checkpoint,
-    state_chunks,
-)
+from statekit.inspection.stateview import StateSplit, StateView, state_chunks
+from statekit.inspection.views import CheckpointView, open_checkpoint
 from statekit.serde.keygroups import KeyGroupRange
 
 FORMAT = "statekit"

@@ -10,12 +10,13 @@ looks for real ones (no instance-metadata lookups).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from typing import Any
+
+from statekit.testing.hostprocs import free_port
 
 ACCESS_KEY = "statekit-test"
 SECRET_KEY = "statekit-test-secret"  # noqa: S105 (dummy, for the local server only)
@@ -29,19 +30,13 @@ _MOTO_MAIN = ("import socket, sys; socket.getfqdn = lambda name='': name or sock
               "from moto.server import main; main(sys.argv[1:])")
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 class LocalS3Server:
     """Start/stop moto's S3 server (``python -m moto.server``) on a free port of ``host``."""
 
     def __init__(self, port: int | None = None, startup_timeout: float = 30.0,
                  host: str = "127.0.0.1") -> None:
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -25,14 +25,12 @@ killed outright left behind.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import itertools
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -45,97 +43,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from statekit.testing.hostprocs import (
+    LINK_RE,
+    MARKER,
+    WORKER_MARKER,
+    free_port,
+    ip,
+    isolation_unavailable,
+    kill_all,
+    netns_pids,
+    pids_with,
+    sweep_stale,
+)
+
 SUBNET_PREFIX = "10.213"
 MASTER_PORT = 7077
-_MARKER = "STATEKIT_CLUSTER"
-_WORKER_MARKER = "STATEKIT_CLUSTER_WORKER"
-_NS_RE = re.compile(r"^statekit-([0-9a-f]+)-w\d+$")
-_LINK_RE = re.compile(r"^sk(?:br|v|p)([0-9a-f]+)(?:x\d+)?$")  # skbr<tag>, skv<tag>x<i>
 _COUNTER = itertools.count()
+
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-
-
-def _ip(*args: str, check: bool = True) -> str:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-    if check and result.returncode:
-        raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
-    return result.stdout
-
-
-def isolation_unavailable() -> str | None:
-    """Why Workers cannot get network namespaces here (None: they can)."""
-    if os.geteuid() != 0:
-        return "not root"
-    if shutil.which("ip") is None:
-        return "no `ip` command"
-    try:
-        _ip("netns", "list")
-    except RuntimeError as exc:
-        return str(exc)
-    return None
-
-
-def _pids_with(entry: str) -> set[int]:
-    """Pids of live processes whose environment holds ``entry`` (``NAME=value``)."""
-    needle, pids = entry.encode(), set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as f:  # empty for zombies
-                    if needle in f.read().split(b"\0"):
-                        pids.add(int(name))
-            except OSError:
-                pass
-    return pids
-
-
-def _netns_pids(namespace: str) -> set[int]:
-    return {int(p) for p in _ip("netns", "pids", namespace, check=False).split()}
-
-
-def _kill_all(find: Callable[[], set[int]], timeout: float = 15.0) -> None:
-    """SIGKILL whatever ``find`` returns until it returns nothing (new children included)."""
-    deadline = time.monotonic() + timeout
-    while pids := find() - {os.getpid()}:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {sorted(pids)} survive SIGKILL")
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _pid_alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
-def sweep_stale() -> list[str]:
-    """Remove namespaces, links, processes and directories of clusters whose owner process died."""
-    removed: list[str] = []
-    if isolation_unavailable() is None:
-        for namespace in _ip("netns", "list").split():
-            if (m := _NS_RE.match(namespace)) and not _pid_alive(int(m.group(1)[:-1], 16)):
-                _kill_all(lambda ns=namespace: _netns_pids(ns))
-                _ip("netns", "del", namespace, check=False)
-                removed.append(namespace)
-        for line in _ip("-o", "link", "show").splitlines():
-            link = line.split(":")[1].strip().split("@")[0]
-            if (m := _LINK_RE.match(link)) and not _pid_alive(int(m.group(1)[:-1], 16)):
-                _ip("link", "del", link, check=False)
-                removed.append(link)
-    for path in Path(tempfile.gettempdir()).glob("statekit-cluster-*"):
-        tag = path.name.split("-")[2]
-        if re.fullmatch(r"[0-9a-f]{2,}", tag) and not _pid_alive(int(tag[:-1], 16)):
-            _kill_all(lambda t=tag: _pids_with(f"{_MARKER}={t}"))
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
-    return removed
 
 
 @dataclass
@@ -175,11 +100,11 @@ class SparkCluster:
             self.master_port, self.ui_port = MASTER_PORT, 8080
         else:
             self.driver_host = "127.0.0.1"
-            self.master_port, self.ui_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+            self.master_port, self.ui_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         net = self.driver_host.rsplit(".", 1)[0]
         self.workers = [ClusterWorker(
             i, f"{net}.{10 + i}" if self.isolated else "127.0.0.1",
-            7078 if self.isolated else _free_port("127.0.0.1"),
+            7078 if self.isolated else free_port("127.0.0.1"),
             f"statekit-{self.tag}-w{i}" if self.isolated else None, self.root / f"worker-{i}")
             for i in range(workers)]
         self.process: subprocess.Popen[bytes] | None = None  # the Master's
@@ -192,7 +117,7 @@ class SparkCluster:
     def _free_subnet(self) -> int:
         """A third octet whose /24 overlaps no address or route of this machine."""
         used = [ipaddress.ip_network(a, strict=False) for a in re.findall(
-            r"\d+\.\d+\.\d+\.\d+(?:/\d+)?", _ip("-4", "-o", "addr") + _ip("-4", "route"))]
+            r"\d+\.\d+\.\d+\.\d+(?:/\d+)?", ip("-4", "-o", "addr") + ip("-4", "route"))]
         start = (os.getpid() * 16 + int(self.tag[-1], 16)) % 240
         for n in ((start + k) % 240 + 10 for k in range(240)):
             net = ipaddress.ip_network(f"{SUBNET_PREFIX}.{n}.0/24")
@@ -234,8 +159,8 @@ class SparkCluster:
     def stop(self) -> None:
         """Stop this cluster's driver session, kill every process, remove network and directory."""
         began, errors = time.monotonic(), []
-        steps: list[Callable[[], None]] = [self._stop_session, lambda: _kill_all(self.processes)]
-        steps += [lambda w=w: _kill_all(lambda: _netns_pids(w.namespace or "")) for w in self.workers
+        steps: list[Callable[[], None]] = [self._stop_session, lambda: kill_all(self.processes)]
+        steps += [lambda w=w: kill_all(lambda: netns_pids(w.namespace or "")) for w in self.workers
                   if w.namespace]
         steps += [self._reap, self._delete_network, lambda: shutil.rmtree(self.root, ignore_errors=True)]
         for step in steps:
@@ -280,34 +205,34 @@ class SparkCluster:
 
     def _create_network(self) -> None:
         assert self.bridge is not None
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.driver_host}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.driver_host}/24", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
         for w in self.workers:
             assert w.namespace is not None
             host_end, ns_end = f"skv{self.tag}x{w.index}", f"skp{self.tag}x{w.index}"
-            _ip("netns", "add", w.namespace)
-            _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-            _ip("link", "set", ns_end, "netns", w.namespace)
-            _ip("link", "set", host_end, "master", self.bridge, "up")
-            _ip("-n", w.namespace, "link", "set", ns_end, "name", "eth0")
-            _ip("-n", w.namespace, "addr", "add", f"{w.address}/24", "dev", "eth0")
-            _ip("-n", w.namespace, "link", "set", "eth0", "up")
-            _ip("-n", w.namespace, "link", "set", "lo", "up")
+            ip("netns", "add", w.namespace)
+            ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+            ip("link", "set", ns_end, "netns", w.namespace)
+            ip("link", "set", host_end, "master", self.bridge, "up")
+            ip("-n", w.namespace, "link", "set", ns_end, "name", "eth0")
+            ip("-n", w.namespace, "addr", "add", f"{w.address}/24", "dev", "eth0")
+            ip("-n", w.namespace, "link", "set", "eth0", "up")
+            ip("-n", w.namespace, "link", "set", "lo", "up")
 
     def _delete_network(self) -> None:
         """Veth pairs (deleting one end deletes both at once; a namespace's deletion is deferred by
         the kernel), then namespaces and the bridge."""
         if not self.isolated:
             return
-        links, existing = _ip("-o", "link", "show"), set(_ip("netns", "list").split())
+        links, existing = ip("-o", "link", "show"), set(ip("netns", "list").split())
         for w in self.workers:
             if f"skv{self.tag}x{w.index}@" in links:
-                _ip("link", "del", f"skv{self.tag}x{w.index}")
+                ip("link", "del", f"skv{self.tag}x{w.index}")
             if w.namespace in existing:
-                _ip("netns", "del", w.namespace)
-        if self.bridge and f"{self.bridge}:" in _ip("-o", "link", "show"):
-            _ip("link", "del", self.bridge)
+                ip("netns", "del", w.namespace)
+        if self.bridge and f"{self.bridge}:" in ip("-o", "link", "show"):
+            ip("link", "del", self.bridge)
 
 
     def _env(self, name: str, address: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -320,7 +245,7 @@ class SparkCluster:
                                                                                 "https_proxy", "all_proxy"}}
         env.update(self.extra_env)
         env.update({
-            _MARKER: self.tag, "SPARK_HOME": os.path.dirname(pyspark.__file__),
+            MARKER: self.tag, "SPARK_HOME": os.path.dirname(pyspark.__file__),
             "SPARK_CONF_DIR": str(self.root / "conf"), "SPARK_LOCAL_IP": address,
             "SPARK_LOCAL_HOSTNAME": address, "SPARK_DAEMON_MEMORY": self.daemon_memory,
             "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(tmp),
@@ -351,7 +276,7 @@ class SparkCluster:
         for sub in ("work", "local"):
             (w.directory / sub).mkdir(parents=True, exist_ok=True)
         w.process = self._spawn(f"worker-{i}", w.address, w.namespace, {
-            _WORKER_MARKER: f"{self.tag}-{i}", "SPARK_LOCAL_DIRS": str(w.directory / "local")}, [
+            WORKER_MARKER: f"{self.tag}-{i}", "SPARK_LOCAL_DIRS": str(w.directory / "local")}, [
             "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", w.address,
             "--port", str(w.port), "--webui-port", "0", "--cores", str(self.cores),
             "--memory", self.memory, "--work-dir", str(w.directory / "work")])
@@ -363,7 +288,7 @@ class SparkCluster:
         """SIGKILL Worker ``i``, its executor JVM and Python workers (all its namespace's processes);
         with ``wait``, until the Master no longer lists it as alive (immediate: its connection drops)."""
         w = self.workers[i]
-        _kill_all(lambda: self.processes(i) | (_netns_pids(w.namespace) if w.namespace else set()))
+        kill_all(lambda: self.processes(i) | (netns_pids(w.namespace) if w.namespace else set()))
         if w.process is not None:
             w.process.wait(10)
             w.process = None
@@ -442,8 +367,8 @@ class SparkCluster:
     def processes(self, worker: int | None = None) -> set[int]:
         """Pids of this cluster's processes (Master, Workers, executors, Python workers), or of
         Worker ``worker``'s."""
-        return _pids_with(f"{_WORKER_MARKER}={self.tag}-{worker}" if worker is not None
-                          else f"{_MARKER}={self.tag}")
+        return pids_with(f"{WORKER_MARKER}={self.tag}-{worker}" if worker is not None
+                          else f"{MARKER}={self.tag}")
 
     def leftovers(self) -> list[str]:
         """What of this cluster still exists (empty after :meth:`stop`)."""
@@ -451,9 +376,9 @@ class SparkCluster:
         if self.root.exists():
             found.append(str(self.root))
         if isolation_unavailable() is None:
-            found += [f"netns {n}" for n in _ip("netns", "list").split()
+            found += [f"netns {n}" for n in ip("netns", "list").split()
                       if n.startswith(f"statekit-{self.tag}-")]
-            links = [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link").splitlines()]
+            links = [line.split(":")[1].strip().split("@")[0] for line in ip("-o", "link").splitlines()]
             found += [f"link {link}" for link in links
-                      if (m := _LINK_RE.match(link)) and m.group(1) == self.tag]
+                      if (m := LINK_RE.match(link)) and m.group(1) == self.tag]
         return found

@@ -6,6 +6,7 @@ import os
 import shutil
 
 import pandas as pd
+from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -43,6 +44,47 @@ class Sessions(StatefulProcessor):
         items = sum(s[0] for s in self.sizes.get())
         total = sum(v[0] for _, v in self.kinds.iterator())
         return pd.DataFrame({"user": [key[0]], "n": [n], "items": [items], "total": [total]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        out = self._row(key, -1)
+        self.count.clear()
+        self.sizes.clear()
+        self.kinds.clear()
+        yield out
+
+
+TTL_MS = 86_400_000  # a day of processing time: kept through the test, carried by the import
+
+
+class RowSessions(StatefulProcessor):
+    """The Row API (``transformWithState``) in processing time, with TTL: per user, events so far
+    (value, TTL), the batches' sizes (list), events per kind (map, TTL), and a processing-time
+    timer a day ahead (kept, not fired, through the test)."""
+
+    def init(self, handle):
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long", TTL_MS)
+        self.sizes = handle.getListState("sizes", "size int")
+        self.kinds = handle.getMapState("kinds", "kind string", "n long", TTL_MS)
+
+    def handleInputRows(self, key, rows, timerValues):
+        events = list(rows)
+        n = (self.count.get() or (0,))[0] + len(events)
+        self.count.update((n,))
+        self.sizes.appendValue((len(events),))
+        for kind in sorted({e.kind for e in events}):
+            old = self.kinds.getValue((kind,))
+            self.kinds.updateValue((kind,), ((old[0] if old else 0)
+                                             + sum(e.kind == kind for e in events),))
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + TTL_MS)
+        yield self._row(key, n)
+
+    def _row(self, key, n):
+        items = sum(s[0] for s in self.sizes.get())
+        total = sum(v[0] for _, v in self.kinds.iterator())
+        return Row(user=key[0], n=n, items=items, total=total)
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
         out = self._row(key, -1)
@@ -106,16 +148,31 @@ def run(spark, api, directory, checkpoint):
     elif api == "apply":
         df = grouped.applyInPandasWithState(visits, OUTPUT, VISITS_STATE, "update",
                                             GroupStateTimeout.EventTimeTimeout)
+    elif api == "row":
+        df = grouped.transformWithState(RowSessions(), OUTPUT, "Update", "ProcessingTime")
     elif api == "pandas-light":
         df = grouped.transformWithStateInPandas(Counts(), OUTPUT, "Update", "EventTime")
     else:
         df = grouped.applyInPandasWithState(count_visits, OUTPUT, "n long", "update",
                                             GroupStateTimeout.NoTimeout)
-    query = (df.writeStream.outputMode("update")
-             .foreachBatch(lambda frame, _: out.extend(tuple(r) for r in frame.collect()))
-             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    query.awaitTermination()
-    return out
+    writer = (df.writeStream.outputMode("update")
+              .foreachBatch(lambda frame, _: out.extend(tuple(r) for r in frame.collect()))
+              .option("checkpointLocation", checkpoint))
+    if api != "row":
+        writer.trigger(availableNow=True).start().awaitTermination()
+        return out
+    # in processing time Spark runs an empty batch every trigger (its TTL clean-up), so neither
+    # availableNow nor processAllAvailable ends: stop at the first empty batch after the data
+    query = writer.trigger(processingTime="200 milliseconds").start()
+    try:
+        while True:
+            query.awaitTermination(1)
+            rows = [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
+            last_data = max((b for b, n in rows if n), default=None)
+            if last_data is not None and any(b > last_data and not n for b, n in rows):
+                return out
+    finally:
+        query.stop()
 
 
 def copy_files(src, dst):

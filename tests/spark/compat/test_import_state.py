@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 NATIVE_PROVIDER = {"pandas": ROCKSDB, "apply": HDFS, "pandas-light": ROCKSDB,
-                   "apply-light": HDFS}  # Spark's defaults for each API
+                   "apply-light": HDFS, "row": ROCKSDB}  # Spark's defaults for each API
 
 
 def native(spark, api):
@@ -34,15 +34,18 @@ def import_args(api):
         return (jobs.Sessions(),), {}
     if api == "pandas-light":
         return (jobs.Counts(),), {}
+    if api == "row":
+        return (jobs.RowSessions(),), {}
     if api == "apply":
         return (jobs.visits,), {"stateStructType": jobs.VISITS_STATE, "outputMode": "update",
                                 "timeoutConf": "EventTimeTimeout"}
     return (jobs.count_visits,), {"outputMode": "update", "timeoutConf": "NoTimeout"}
 
 
-def check_import(spark, tmp_path, api, frame=jobs.batch_frame):
+def check_import(spark, tmp_path, api, frame=jobs.batch_frame, imported=None):
     """Ten batches natively (the reference); five natively, imported into each backend, five
-    switched: every output row equal.  The imports' results."""
+    switched: every output row equal.  The imports' results.  ``imported(backend, location)``
+    looks at each import before the switched batches run."""
     native(spark, api)
     jobs.write_batches(tmp_path / "all", range(10), frame)
     expected = jobs.run(spark, api, str(tmp_path / "all"), str(tmp_path / "reference"))
@@ -58,6 +61,8 @@ def check_import(spark, tmp_path, api, frame=jobs.batch_frame):
             result = import_state(spark, str(tmp_path / "native"), str(moved), *args, **kwargs)
             assert result.backend == backend
             assert os.listdir(moved / "statekit") == [result.query_id]
+            if imported is not None:
+                imported(backend, str(moved))
             # the same code, switched, from the new location over five more batches
             enable(spark)
             jobs.write_batches(tmp_path / "in", range(5, 10), frame)
@@ -77,6 +82,31 @@ def test_switched_query_continues_from_imported_state(spark, tmp_path, api):
     for result, rest in zip(results, rests, strict=True):
         assert result.keys == 6 and result.timers in (0, 6)
         assert ("k4", -1) in {row[:2] for row in rest}  # its imported timer fired
+
+
+def test_row_api_source_with_ttl(spark, tmp_path):
+    """A ``transformWithState`` (Row API) query with TTL value and map state: the import keeps
+    each entry's TTL expiry as Spark recorded it, and the switched query continues exactly."""
+    def same_expiries(backend, location):
+        spark_count = (spark.read.format("statestore").option("stateVarName", "count")
+                       .load(str(tmp_path / "native")).select("key.user", "value.ttlExpirationMs")
+                       .toPandas())
+        theirs = dict(zip(spark_count["user"], spark_count["ttlExpirationMs"], strict=True))
+        ours = (spark.read.format("statekit").option("stateVarName", "count").load(location)
+                .toPandas())
+        stamps = {jobs_key(k): int(t.timestamp() * 1000) + jobs.TTL_MS
+                  for k, t in zip(ours["key"], ours["ttl_timestamp"], strict=True)}
+        assert theirs and stamps == theirs, backend
+
+    results, rests = check_import(spark, tmp_path, "row", imported=same_expiries)
+    for result, rest in zip(results, rests, strict=True):
+        assert result.keys == 6 and result.timers == 6  # k0-k5, each a timer a day ahead
+        assert rest and all(row[1] > 0 for row in rest)
+
+
+def jobs_key(key):
+    """A key as the statekit reader shows it (a one-field tuple key may come as a row)."""
+    return key[0] if isinstance(key, tuple | list) else getattr(key, "user", key)
 
 
 @pytest.mark.slow
