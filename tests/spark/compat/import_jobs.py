@@ -40,9 +40,12 @@ class Sessions(StatefulProcessor):
         self.handle.registerTimer(last + GAP_MS)
         yield self._row(key, n)
 
+    def _totals(self):
+        return (sum(s[0] for s in self.sizes.get()),
+                sum(v[0] for _, v in self.kinds.iterator()))
+
     def _row(self, key, n):
-        items = sum(s[0] for s in self.sizes.get())
-        total = sum(v[0] for _, v in self.kinds.iterator())
+        items, total = self._totals()
         return pd.DataFrame({"user": [key[0]], "n": [n], "items": [items], "total": [total]})
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
@@ -56,10 +59,10 @@ class Sessions(StatefulProcessor):
 TTL_MS = 86_400_000  # a day of processing time: kept through the test, carried by the import
 
 
-class RowSessions(StatefulProcessor):
+class RowSessions(Sessions):
     """The Row API (``transformWithState``) in processing time, with TTL: per user, events so far
     (value, TTL), the batches' sizes (list), events per kind (map, TTL), and a processing-time
-    timer a day ahead (kept, not fired, through the test)."""
+    timer a day ahead (kept, not fired, through the test); expiry as :class:`Sessions`."""
 
     def init(self, handle):
         self.handle = handle
@@ -82,16 +85,8 @@ class RowSessions(StatefulProcessor):
         yield self._row(key, n)
 
     def _row(self, key, n):
-        items = sum(s[0] for s in self.sizes.get())
-        total = sum(v[0] for _, v in self.kinds.iterator())
+        items, total = self._totals()
         return Row(user=key[0], n=n, items=items, total=total)
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
-        out = self._row(key, -1)
-        self.count.clear()
-        self.sizes.clear()
-        self.kinds.clear()
-        yield out
 
 
 def visits(key, pdf_iter, state):
