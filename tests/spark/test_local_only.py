@@ -40,3 +40,11 @@ def test_local_copy_root_is_refused_and_local_recovery_passes():
     refuse_local_only({"state.backend.local-recovery": "true"}, None)
     with pytest.raises(ConfigError, match=r"spark\.local\.dir"):
         refuse_local_only({"taskmanager.state.local.root-dirs": "/x"}, None)
+
+
+def test_heap_transfer_threads_are_refused_and_rocksdb_transfer_threads_pass():
+    """The heap key only paces the local runner's snapshot writers; RocksDB's downloads and
+    uploads use its key in every Spark task."""
+    refuse_local_only({"state.backend.rocksdb.checkpoint.transfer.thread.num": "4"}, None)
+    with pytest.raises(ConfigError, match=r"spark\.executor\.cores"):
+        refuse_local_only({"state.backend.heap.transfer.thread.num": "4"}, None)

@@ -66,6 +66,9 @@ LOCAL_ONLY = {
         "own retries or a restore from a savepoint (" + SAVEPOINT_KEY + ") recover",
     "taskmanager.state.local.root-dirs": "spark.local.dir (each executor keeps its local copies "
                                          "under its own local directories)",
+    "state.backend.heap.transfer.thread.num": "spark.executor.cores (each Spark task writes its "
+                                              "heap snapshot on one thread; more cores run more "
+                                              "tasks' snapshots at once)",
     "parallelism.default": "spark.sql.shuffle.partitions (or foreach_batch's num_partitions)",
     "execution.runtime-mode": "a batch query (spark.read) or writeStream.trigger(availableNow=True)",
 }
