@@ -95,6 +95,20 @@ def test_inspection_and_convert_refuse_what_restore_refuses(tmp_path, writer, ch
     assert len(list((tmp_path / "sp").glob("*/_metadata"))) < len(view.operators)
 
 
+@pytest.mark.parametrize("stamp", [-(2**63), 2**63 - 1, 10**18])
+def test_a_commit_time_no_date_can_hold_shows_as_unknown(tmp_path, stamp):
+    """A restore ignores the commit time; the tools failed with ``ValueError: year -292275055 is
+    out of range`` on such a checkpoint instead of showing the state it holds."""
+    job = write_job("hashmap", str(tmp_path / "ck"))
+    chk = f"{job}/chk-2"
+    rewrite_metadata(f"{chk}/_metadata", lambda body: body.__setitem__("timestamp", stamp))
+    assert [c.timestamp for c in list_checkpoints(job) if c.id == 2] == [None]
+    assert inspect_state(chk) == expected_rows(2)
+    convert_savepoint(open_checkpoint(chk), str(tmp_path / "sp"), operator="p0")
+    assert "2 checkpoint(s)" in run("checkpoints", "list", job)
+    assert "count" in run("checkpoints", "inspect", chk)
+
+
 def test_export_and_convert_never_write_inside_the_checkpoint(tmp_path):
     """``export --to`` the checkpoint's own ``_metadata`` overwrote it."""
     job = write_job("hashmap", str(tmp_path / "ck"))

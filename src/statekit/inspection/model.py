@@ -158,8 +158,14 @@ def handle_size(obj: Any) -> tuple[int, int]:
 
 
 def timestamp_of(body: dict[str, Any]) -> _dt.datetime | None:
-    """The commit time a metadata body records (milliseconds since the epoch), if any."""
+    """The commit time a metadata body records (milliseconds since the epoch), if any.
+
+    The time only informs: restore does not use it, so one outside what a date can hold shows
+    as unknown rather than stopping the tools from showing state a restore reads."""
     stamp = body.get("timestamp")
-    if not isinstance(stamp, int):
+    if not isinstance(stamp, int) or isinstance(stamp, bool):
         return None
-    return _dt.datetime.fromtimestamp(stamp / 1000, tz=_dt.UTC)
+    try:
+        return _dt.datetime.fromtimestamp(stamp / 1000, tz=_dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
