@@ -40,9 +40,9 @@ def import_args(api):
     return (jobs.count_visits,), {"outputMode": "update", "timeoutConf": "NoTimeout"}
 
 
-def check_import(spark, tmp_path, api, frame=jobs.batch_frame):
-    """Ten batches natively (the reference); five natively, imported into each backend, five
-    switched: every output row equal.  The imports' results."""
+def check_import(spark, tmp_path, api, frame=jobs.batch_frame, backends=BACKENDS):
+    """Ten batches natively (the reference); five natively, imported into each of ``backends``,
+    five switched: every output row equal.  The imports' results."""
     native(spark, api)
     jobs.write_batches(tmp_path / "all", range(10), frame)
     expected = jobs.run(spark, api, str(tmp_path / "all"), str(tmp_path / "reference"))
@@ -51,7 +51,7 @@ def check_import(spark, tmp_path, api, frame=jobs.batch_frame):
     args, kwargs = import_args(api)
     results, rests = [], []
     try:
-        for backend in BACKENDS:
+        for backend in backends:
             native(spark, api)
             spark.conf.set("spark.statekit.state.backend.type", backend)
             moved = tmp_path / f"moved-{backend}"
@@ -71,9 +71,12 @@ def check_import(spark, tmp_path, api, frame=jobs.batch_frame):
     return results, rests
 
 
-@pytest.mark.parametrize("api", ["pandas", "apply"])
-def test_switched_query_continues_from_imported_state(spark, tmp_path, api):
-    results, rests = check_import(spark, tmp_path, api)
+@pytest.mark.parametrize(("api", "backend"), [
+    ("pandas", "rocksdb"), ("apply", "hashmap"),  # the default run's: each API, each backend
+    pytest.param("pandas", "hashmap", marks=pytest.mark.heavy),
+    pytest.param("apply", "rocksdb", marks=pytest.mark.heavy)])
+def test_switched_query_continues_from_imported_state(spark, tmp_path, api, backend):
+    results, rests = check_import(spark, tmp_path, api, backends=[backend])
     for result, rest in zip(results, rests, strict=True):
         assert result.keys == 6 and result.timers in (0, 6)
         assert ("k4", -1) in {row[:2] for row in rest}  # its imported timer fired
