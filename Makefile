@@ -16,7 +16,7 @@ demo: $(STAMP)  ## the main job: a Structured Streaming query on local Spark wit
 demo-local: $(STAMP)  ## the same kind of job on the local runner (no Spark)
 	$(PY) -m statekit.demo.local_demo
 
-test: $(STAMP)  ## the default test run (~5 min on 2 cores; the rest of each matrix is marked heavy, the longest runs slow)
+test: $(STAMP)  ## the default test run (one case per adapter, backend, storage; the rest of each matrix is marked heavy, the longest runs slow)
 	$(PY) -m pytest -m "not slow and not cluster and not heavy" -q -p no:cacheprovider --timeout=900 -n auto --maxprocesses=4
 
 test-heavy: $(STAMP)  ## the tests marked heavy (CI runs them): every backend x storage, more seeds and examples
