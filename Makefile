@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-local test test-slow test-cluster lint bench docs clean
+.PHONY: demo demo-local test test-heavy test-slow test-cluster lint bench docs clean
 
 $(STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) VENV=$(VENV) tools/setup-venv
@@ -16,8 +16,11 @@ demo: $(STAMP)  ## the main job: a Structured Streaming query on local Spark wit
 demo-local: $(STAMP)  ## the same kind of job on the local runner (no Spark)
 	$(PY) -m statekit.demo.local_demo
 
-test: $(STAMP)  ## the default test run (heavier tests are marked slow)
-	$(PY) -m pytest -m "not slow and not cluster" -q -p no:cacheprovider --timeout=900 -n auto --maxprocesses=4
+test: $(STAMP)  ## the default test run (one case per adapter, backend, storage; the rest of each matrix is marked heavy, the longest runs slow)
+	$(PY) -m pytest -m "not slow and not cluster and not heavy" -q -p no:cacheprovider --timeout=900 -n auto --maxprocesses=4
+
+test-heavy: $(STAMP)  ## the tests marked heavy (CI runs them): every backend x storage, more seeds and examples
+	$(PY) -m pytest -m "heavy and not slow and not cluster" -q -p no:cacheprovider --timeout=900 -n auto --maxprocesses=4
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow -q -p no:cacheprovider --timeout=3600

@@ -72,9 +72,11 @@ def pytest_testnodedown(node, error):
 
 
 # --- order: the longest tests first, so parallel workers finish together ----------------------
-_LONGEST_FIRST = ("tests/spark/test_restart.py", "tests/docs/test_pages.py", "tests/docs/test_readme.py",
-                  "tests/spark/test_worker_reuse.py", "tests/checkpoint/test_crash.py",
-                  "tests/checkpoint/test_fuzz.py")
+_LONGEST_FIRST = ("tests/spark/test_restart.py", "tests/spark/test_adapters.py",
+                  "tests/spark/compat/test_import_state.py", "tests/spark/test_apply_in_pandas.py",
+                  "tests/spark/compat/test_transform_with_state.py", "tests/docs/test_pages.py",
+                  "tests/docs/test_readme.py", "tests/spark/test_worker_reuse.py",
+                  "tests/checkpoint/test_crash.py", "tests/checkpoint/test_fuzz.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -46,6 +46,7 @@ def test_spark_example_runs(tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.heavy  # the Spark example again, with a failing function (the example itself runs by default)
 def test_spark_example_stops_waiting_when_a_query_fails(tmp_path):
     """The example waits for each query's progress: a failed query must end the wait with its
     error, not leave it polling a query that never progresses again."""

@@ -34,9 +34,13 @@ def conf_for(backend, storage, tmp_path):
     return conf
 
 
-@pytest.mark.parametrize("storage", STORAGES)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])
+#: the default run's cases: each adapter, each backend and each storage once; the rest are heavy
+DEFAULT = {("foreach_batch", "rocksdb", "filesystem"), ("transform_with_state", "hashmap", "jobmanager")}
+
+
+@pytest.mark.parametrize(("adapter", "backend", "storage"), [
+    pytest.param(a, b, s, marks=() if (a, b, s) in DEFAULT else pytest.mark.heavy)
+    for a in ("foreach_batch", "transform_with_state") for b in BACKENDS for s in STORAGES])
 def test_exactly_once_across_retry_rerun_and_restart(spark, tmp_path, adapter, backend, storage):
     conf = conf_for(backend, storage, tmp_path)
     frame = write_inputs(str(tmp_path / "in"), 0, 3)
@@ -53,7 +57,8 @@ def test_exactly_once_across_retry_rerun_and_restart(spark, tmp_path, adapter, b
     assert sum(len(rows) for rows in sink.by_batch.values()) == len(frame) + len(frame2)
 
 
-@pytest.mark.parametrize("adapter", ["foreach_batch", "transform_with_state"])
+@pytest.mark.parametrize("adapter", ["foreach_batch",
+                                     pytest.param("transform_with_state", marks=pytest.mark.heavy)])
 def test_vectorized_form(spark, tmp_path, adapter):
     frame = write_inputs(str(tmp_path / "in"), 0, 3)
     sink = Outputs()

@@ -318,7 +318,8 @@ def _fresh_process_reads_back(sim, tmp_path, batch_id, tag):
         shutil.rmtree(copy_dir)
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", [*range(3),
+                                  *(pytest.param(s, marks=pytest.mark.heavy) for s in range(3, 10))])
 def test_random_lineages_restore_exactly_in_a_fresh_process(tmp_path, seed):
     """The partition moves between three worker processes at random, attempts fail midway,
     snapshots are taken at task starts and mid-task; after every few batches a fresh process

@@ -18,7 +18,7 @@ from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, wr
 ROWS = 600  # per batch (one input file each), over 1,500 keys: some keys skip a batch
 
 
-@pytest.fixture(scope="module", params=["hashmap", "rocksdb"])
+@pytest.fixture(scope="module", params=["hashmap", pytest.param("rocksdb", marks=pytest.mark.heavy)])
 def query(request, tmp_path_factory):
     spark = session()
     root = tmp_path_factory.mktemp(f"reader-{request.param}")

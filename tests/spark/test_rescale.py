@@ -37,7 +37,7 @@ def test_python_partitioner_matches_spark(spark):
         assert all(owner((s, i)) == p for s, i, p in placed)
 
 
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["hashmap", pytest.param("rocksdb", marks=pytest.mark.heavy)])
 def test_foreach_batch_4_to_2_to_3_partitions_with_the_backend_flipped(spark, tmp_path, backend):
     inputs, checkpoint, sink = str(tmp_path / "in"), str(tmp_path / "q"), Outputs()
     frames = [write_inputs(inputs, 0, 2)]

@@ -8,9 +8,10 @@ from statekit.spark.compat import disable, enable, enabled
 BACKENDS = ["hashmap", "rocksdb"]
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=["rocksdb", pytest.param("hashmap", marks=pytest.mark.heavy)])
 def backend(request, spark):
-    """The switch on and ``spark.statekit.state.backend.type`` set: all a user changes."""
+    """The switch on and ``spark.statekit.state.backend.type`` set: all a user changes.  The
+    default run has each case on RocksDB; on the heap they are marked heavy (make test-heavy)."""
     enable(spark)
     spark.conf.set("spark.statekit.state.backend.type", request.param)
     assert enabled(spark)

@@ -92,8 +92,9 @@ def run_differential(work: Path, workloads: list[str], backends: list[str], firs
     compare(work, workloads, backends, files)
 
 
+@pytest.mark.heavy  # two driver processes, 2-3 min: make test-heavy (CI); the compat cases run by default
 def test_event_sessions(tmp_path):
-    """The default run's case (state, event-time timers, a restart); the rest is marked slow."""
+    """The heavy run's case (state, event-time timers, a restart); the rest is marked slow."""
     run_differential(tmp_path, ["esession_tws"], ["rocksdb"], 2, 4)
 
 

@@ -42,10 +42,11 @@ def import_args(api):
     return (jobs.count_visits,), {"outputMode": "update", "timeoutConf": "NoTimeout"}
 
 
-def check_import(spark, tmp_path, api, frame=jobs.batch_frame, imported=None):
-    """Ten batches natively (the reference); five natively, imported into each backend, five
-    switched: every output row equal.  The imports' results.  ``imported(backend, location)``
-    looks at each import before the switched batches run."""
+def check_import(spark, tmp_path, api, frame=jobs.batch_frame, imported=None,
+                 backends=BACKENDS):
+    """Ten batches natively (the reference); five natively, imported into each of ``backends``,
+    five switched: every output row equal.  The imports' results.  ``imported(backend,
+    location)`` looks at each import before the switched batches run."""
     native(spark, api)
     jobs.write_batches(tmp_path / "all", range(10), frame)
     expected = jobs.run(spark, api, str(tmp_path / "all"), str(tmp_path / "reference"))
@@ -54,7 +55,7 @@ def check_import(spark, tmp_path, api, frame=jobs.batch_frame, imported=None):
     args, kwargs = import_args(api)
     results, rests = [], []
     try:
-        for backend in BACKENDS:
+        for backend in backends:
             native(spark, api)
             spark.conf.set("spark.statekit.state.backend.type", backend)
             moved = tmp_path / f"moved-{backend}"
@@ -76,15 +77,19 @@ def check_import(spark, tmp_path, api, frame=jobs.batch_frame, imported=None):
     return results, rests
 
 
-@pytest.mark.parametrize("api", ["pandas", "apply"])
-def test_switched_query_continues_from_imported_state(spark, tmp_path, api):
-    results, rests = check_import(spark, tmp_path, api)
+@pytest.mark.parametrize(("api", "backend"), [
+    ("pandas", "rocksdb"), ("apply", "hashmap"),  # the default run's: each API, each backend
+    pytest.param("pandas", "hashmap", marks=pytest.mark.heavy),
+    pytest.param("apply", "rocksdb", marks=pytest.mark.heavy)])
+def test_switched_query_continues_from_imported_state(spark, tmp_path, api, backend):
+    results, rests = check_import(spark, tmp_path, api, backends=[backend])
     for result, rest in zip(results, rests, strict=True):
         assert result.keys == 6 and result.timers in (0, 6)
         assert ("k4", -1) in {row[:2] for row in rest}  # its imported timer fired
 
 
-def test_row_api_source_with_ttl(spark, tmp_path):
+@pytest.mark.parametrize("backend", ["rocksdb", pytest.param("hashmap", marks=pytest.mark.heavy)])
+def test_row_api_source_with_ttl(spark, tmp_path, backend):
     """A ``transformWithState`` (Row API) query with TTL value and map state: the import keeps
     each entry's TTL expiry as Spark recorded it, and the switched query continues exactly."""
     def same_expiries(backend, location):
@@ -98,7 +103,8 @@ def test_row_api_source_with_ttl(spark, tmp_path):
                   for k, t in zip(ours["key"], ours["ttl_timestamp"], strict=True)}
         assert theirs and stamps == theirs, backend
 
-    results, rests = check_import(spark, tmp_path, "row", imported=same_expiries)
+    results, rests = check_import(spark, tmp_path, "row", imported=same_expiries,
+                                  backends=[backend])
     for result, rest in zip(results, rests, strict=True):
         assert result.keys == 6 and result.timers == 6  # k0-k5, each a timer a day ahead
         assert rest and all(row[1] > 0 for row in rest)
