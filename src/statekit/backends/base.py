@@ -311,6 +311,10 @@ class KeyedStateBackend(NamespacedStates, ABC):
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable; incremental backends may now use it as a base."""
 
+    def adopt_restored_base(self, handle: dict[str, Any]) -> None:
+        """``handle``, just restored whole and of this backend's own checkpoints, may serve as
+        the base of its next incremental checkpoint (its files stay referenced)."""
+
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """The checkpoint will never complete."""
 

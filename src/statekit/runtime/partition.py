@@ -266,7 +266,8 @@ class PartitionStore:
             )
 
         readers: list[Any] = []
-        if sources is None and base is not None:
+        own = sources is None and base is not None
+        if own:
             tasks = self.access.load(base)["tasks"]
             sources = [(h, self.access.reader()) for h in tasks.values()]
             if self.local is not None:  # its own version: the executor's copy, if intact
@@ -275,6 +276,8 @@ class PartitionStore:
             backend, self.source = restore_preferring_local(
                 create, sources, readers or [None] * len(sources), key_filter=owns,
                 skip_states=skip)
+            if own and len(sources) == 1:  # its own version, whole: the next one's base
+                backend.adopt_restored_base(sources[0][0])
         else:
             backend, self.source = create(), None
         self.backend, self.reused, self.restored_from = backend, False, base

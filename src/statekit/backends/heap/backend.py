@@ -247,6 +247,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         for cid in [c for c in self._attempts if c <= checkpoint_id]:
             del self._attempts[cid]  # their changes are part of the confirmed checkpoint
 
+    def adopt_restored_base(self, handle: dict[str, Any]) -> None:
+        """The next changelog builds on the restored incremental handle, not on a new full base."""
+        if self.incremental and handle.get("format") == HEAP_CHANGELOG_FORMAT:
+            self._confirmed = handle
+
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """The attempt will never complete: fold its dirty keys back so no change is lost."""
         attempt = self._attempts.pop(checkpoint_id, None)

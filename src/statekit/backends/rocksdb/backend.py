@@ -355,6 +355,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             for cid in [c for c in self._pending if c < checkpoint_id]:
                 del self._pending[cid]
 
+    def adopt_restored_base(self, handle: dict[str, Any]) -> None:
+        """The next incremental checkpoint reuses the restored shared SSTs (same name and size)."""
+        if self.incremental and handle.get("format") == ROCKSDB_FORMAT and handle.get("incremental"):
+            with self._lock:
+                self.confirmed = dict(handle.get("sst", {}))
+
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         with self._lock:
             self._pending.pop(checkpoint_id, None)
