@@ -122,7 +122,7 @@ def crash_campaign(medium: Medium, points: int, seed: int) -> dict[str, int]:
     return totals
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.heavy)])
 def medium(request, tmp_path):
     if request.param == "local":
         return Medium("local", str(tmp_path), None, None)

@@ -72,6 +72,7 @@ def test_page_examples_run(page, tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.heavy  # a Spark query or several per page, 25-55 s each: make test-heavy (CI)
 @pytest.mark.parametrize("page", SPARK_PAGES)
 def test_spark_page_examples_run(page, tmp_path):
     run_examples("\n".join(python_blocks(page)), tmp_path)
