@@ -249,7 +249,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def adopt_restored_base(self, handle: dict[str, Any]) -> None:
         """The next changelog builds on the restored incremental handle, not on a new full base."""
-        if self.incremental and handle.get("format") == HEAP_CHANGELOG_FORMAT:
+        if (self.incremental and handle.get("format") == HEAP_CHANGELOG_FORMAT
+                and {"base", "logs", "base_bytes", "log_bytes"} <= handle.keys()):
             self._confirmed = handle
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
