@@ -305,7 +305,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             restored = self._restored[name] = Restored(entry["layout"], entry["kind"])
         return restored.data
 
-
     # --- bulk access -------------------------------------------------------------------------------
 
     def bulk_get(self, descriptor: StateDescriptor, keys: Sequence[Any]) -> list[Any]:
