@@ -481,6 +481,8 @@ def test_state_registered_while_a_snapshot_carries_it_over_stays_isolated() -> N
 
 
 def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -> None:
+    """The writer works in turns of PACE_TURN and then yields the GIL for ``ratio`` times the
+    turn, unless the processing thread stayed idle through a whole turn and yield."""
     from statekit.backends.heap import snapshot as heap_module
 
     class FakeTime:
@@ -492,15 +494,28 @@ def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -
 
         def sleep(self, seconds: float) -> None:
             self.slept.append(seconds)
+            if seconds and moves_while_asleep:
+                current["key"] += 1
 
     clock = FakeTime()
     monkeypatch.setattr(heap_module, "time", clock)
     current = {"key": 1}
+    moves_while_asleep = True
     pacer = heap_module._Pacer(2.0, lambda: current["key"])
-    clock.now = 1.0
-    pacer()  # the current key did not change: the processing thread is idle
+    clock.now = heap_module.PACE_TURN / 2
+    pacer()  # within the turn: no yield
     assert clock.slept == []
-    current["key"] = 2
+    clock.now = 1.0
+    pacer()  # a whole turn: it yields twice the turn; the processing thread ran meanwhile
+    assert clock.slept == [2.0]
     clock.now = 1.5
-    pacer()  # it worked meanwhile: the writer yields twice the time its slice took
-    assert clock.slept == [1.0]
+    moves_while_asleep = False
+    pacer()  # it still worked last time: yield again; this time it did not move
+    assert clock.slept == [2.0, 1.0]
+    clock.now = 2.0
+    pacer()  # idle through a turn and a yield: full speed, no yield
+    assert clock.slept == [2.0, 1.0]
+    current["key"] += 1
+    clock.now = 2.25
+    pacer()  # it works again: yield
+    assert clock.slept == [2.0, 1.0, 0.5]

@@ -179,6 +179,29 @@ def test_retention_keeps_the_configured_number(tmp_path: Path, storage: str) -> 
     again.shutdown()
 
 
+def test_subsumed_checkpoints_are_deleted_off_the_processing_thread(tmp_path: Path) -> None:
+    """Deleting a subsumed checkpoint is file I/O (tens of ms for big files): the cleaner thread
+    does it, in order, and a waiting poll or shutdown waits for it (Flink's CheckpointsCleaner)."""
+    config = CheckpointConfig().set_num_retained_checkpoints(1)
+    access = fs_access(tmp_path)
+    threads: list[str] = []
+    discard = access.discard
+
+    def recorded(checkpoint_id: int, retained: list[int]) -> None:
+        threads.append(threading.current_thread().name)
+        discard(checkpoint_id, retained)
+
+    access.discard = recorded  # type: ignore[method-assign]
+    coordinator = CheckpointCoordinator(config, access)
+    backend = ScriptedBackend()
+    for _ in range(4):
+        coordinator.trigger({"t": backend}, {"source": {}})
+        coordinator.poll(wait=True)
+    assert access.completed() == coordinator.retained == [4]
+    assert len(threads) == 3 and all(t.startswith("statekit-cleaner") for t in threads)
+    coordinator.shutdown()
+
+
 def test_interval_min_pause_and_max_concurrent(tmp_path: Path) -> None:
     clock = Clock()
     config = (CheckpointConfig().set_checkpoint_interval(100).set_min_pause_between_checkpoints(50)

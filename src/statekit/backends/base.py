@@ -308,6 +308,11 @@ class KeyedStateBackend(NamespacedStates, ABC):
         only keys ``key_filter`` accepts (formats in ``filterable_formats``) and leaving out the
         states named in ``skip_states``; called once, before any state is registered."""
 
+    def prepare_snapshot(self) -> bool:
+        """One short step of the work a snapshot's synchronous part would otherwise do at once;
+        True when none is left, so a snapshot taken now does not pause processing."""
+        return True
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable; incremental backends may now use it as a base."""
 

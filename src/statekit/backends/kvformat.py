@@ -35,6 +35,9 @@ PLAIN_PART_BYTES = 16 * 1024 * 1024
 _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 #: entries serialized between two pacing pauses
 PACE_SLICE = 2048
+#: a paced part's bounds (a snapshot written beside a busy processing thread): packing one
+#: holds the GIL for a fraction of a millisecond
+PACED_PART_ENTRIES, PACED_PART_BYTES = 4096, 2 * 1024 * 1024
 
 
 class HandleHeader(TypedDict, total=False):
@@ -290,7 +293,10 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
                  pace: Callable[[], None] | None = None) -> Iterator[bytes]:
     """:func:`plain_parts` of the entries ``take`` reads, part by part (``drop``: a TTL filter
     mapping a stored value to None when it is not written)."""
-    count = _FIRST_PART_ENTRIES
+    # paced (beside a processing thread): parts small enough that packing one is a short C call
+    most, part_bytes = ((PACED_PART_ENTRIES, PACED_PART_BYTES) if pace is not None
+                        else (_MAX_PART_ENTRIES, PLAIN_PART_BYTES))
+    count = min(_FIRST_PART_ENTRIES, most)
     while True:
         if pace is not None:
             pace()
@@ -309,7 +315,7 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
             vs = [value_plain(v) for v in vs]
         part = packb([ks, vs])
         yield part
-        count = max(1, min(_MAX_PART_ENTRIES, len(ks) * PLAIN_PART_BYTES // max(1, len(part))))
+        count = max(1, min(most, len(ks) * part_bytes // max(1, len(part))))
 
 
 def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,

@@ -94,6 +94,9 @@ class CheckpointCoordinator:
         self._last_end = -float("inf")
         self._last_trigger = -float("inf")
         self._pool = ThreadPoolExecutor(max(1, transfer_threads), thread_name_prefix="statekit-snapshot")
+        # deletes subsumed checkpoints off the processing thread, one at a time, in order (as
+        # Flink's CheckpointsCleaner does); shutdown waits for it
+        self._cleaner = ThreadPoolExecutor(1, thread_name_prefix="statekit-cleaner")
         self._on_complete = on_complete
 
     # --- triggering --------------------------------------------------------------------------------
@@ -189,6 +192,8 @@ class CheckpointCoordinator:
                     continue
                 raise
             done.append(cid)
+        if wait:  # and the subsumed checkpoints are deleted
+            self._cleaner.submit(int).result()
         return done
 
     def _complete(self, pending: _PendingCheckpoint) -> None:
@@ -229,7 +234,13 @@ class CheckpointCoordinator:
         floor = min((p.base_floor for p in self.pending.values()), default=float("inf"))
         while (len(self.retained) > self.config.get_num_retained_checkpoints()
                and self.retained[0] < floor):
-            self.access.discard(self.retained.pop(0), self.retained)
+            self._cleaner.submit(self._discard, self.retained.pop(0), list(self.retained))
+
+    def _discard(self, checkpoint_id: int, retained: list[int]) -> None:
+        try:
+            self.access.discard(checkpoint_id, retained)
+        except Exception:  # what is left is only files: log it, as Flink's cleaner does
+            log.warning("could not delete subsumed checkpoint %d", checkpoint_id, exc_info=True)
 
     def _sweep_zombies(self) -> None:
         """Delete what aborted attempts wrote after their abort, once their threads have ended."""
@@ -324,6 +335,7 @@ class CheckpointCoordinator:
         pending = list(self.pending.values())
         self.abort_all("job ended")
         self._pool.shutdown(wait=True)
+        self._cleaner.shutdown(wait=True)
         for p in pending:  # a thread may have written after the abort: delete again
             written = [path for s in p.streams.values() for path in s.written]
             self.access.abort(p.checkpoint_id, written, self.retained)

@@ -7,7 +7,7 @@ for streams with sinks) runs it as a :class:`~statekit.runtime.job.LocalJob`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from statekit.errors import ConfigTypeError
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class DataStream:
     """A stream from a replayable collection, with stateless transformations before ``key_by``."""
 
-    def __init__(self, env: Any, source: list[Any],
+    def __init__(self, env: Any, source: Sequence[Any],
                  transforms: list[Callable[[Any], Iterable[Any]] | WatermarkStrategy],
                  time: Callable[[Callable[[], int]], SourceTime] | None = None) -> None:
         self._env = env

@@ -214,8 +214,9 @@ class StreamExecutionEnvironment:
 
     def from_collection(self, collection: Iterable[Any], type_info: TypeInformation | None = None
                         ) -> DataStream:
-        """A replayable source over ``collection``; its position is part of every checkpoint."""
-        return DataStream(self, list(collection), [])
+        """A replayable source over ``collection``; its position is part of every checkpoint.
+        Held as a tuple: one the garbage collector stops scanning once it holds plain values."""
+        return DataStream(self, tuple(collection), [])
 
     def register_sink(self, stream: ProcessedStream, sink: Callable[[Any], None]) -> None:
         """Remember a stream that ends in ``sink`` (``ProcessedStream.add_sink``) for

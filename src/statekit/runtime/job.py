@@ -280,6 +280,7 @@ class LocalJob:
         records, source_time, clock = self.time.records(), self.time, self.clock
         router = Router()
         next_processing = min(t.op.timers.next_processing for t in tasks)
+        next_poll = 0.0
         while position < len(source):
             try:
                 produced_records = records(source[position])
@@ -312,10 +313,11 @@ class LocalJob:
             if not checkpointing:
                 outputs.release(outputs.open)
                 outputs.open = []
-            else:
+            elif (tick := time.monotonic()) >= next_poll:  # at most once a millisecond: cheap per element
+                next_poll = tick + 0.001
                 if coordinator.pending:
                     coordinator.poll()
-                if coordinator.due():
+                if coordinator.due() and all([t.backend.prepare_snapshot() for t in tasks]):
                     self._checkpoint(tasks, coordinator, position)
             if self.limit is not None and len(outputs.committed) >= self.limit:
                 return position

@@ -54,7 +54,6 @@ from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import (
     CheckpointError,
-    ConcurrentModificationError,
     CorruptCheckpointError,
     StateError,
     StatekitError,
@@ -238,6 +237,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """The handle of the last confirmed incremental checkpoint (the next one's base)."""
         return self._confirmed
 
+    def prepare_snapshot(self) -> bool:
+        """Folds one step of each table's staged keys (a capture would fold all of them)."""
+        return all([t.settle() for t in self.tables.values()])
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable: its handle becomes the base of later incremental ones."""
         attempt = self._attempts.get(checkpoint_id)
@@ -351,7 +354,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         if table is None:
             restored = self._restored.get(state)
             return iter(list(restored.data) if restored is not None else ())
-        return _live_keys(table, state)
+        return table.live_keys(state)
 
     def check_not_disposed(self) -> None:
         """CheckpointError once :meth:`dispose` ran: an in-flight snapshot fails, never completes."""
@@ -366,22 +369,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._states.clear()
         self._attempts.clear()
         self._confirmed = None
-
-
-def _live_keys(table: HeapTable, state: str) -> Iterator[Any]:
-    """The keys a live table holds: ``data``'s (not its tombstones) and, while snapshots are
-    pending, the staged ones; a key added or removed meanwhile ends the iteration with an error."""
-    try:
-        for key, value in table.data.items():
-            if value is not None:
-                yield key
-        staged = table.staged
-        if staged:
-            yield from staged
-    except RuntimeError as exc:  # "dictionary changed size during iteration"
-        raise ConcurrentModificationError(
-            "a key was added or removed while the state's keys were enumerated (collect them "
-            "first, or use apply_to_all_keys)", state) from exc
 
 
 class _Load:

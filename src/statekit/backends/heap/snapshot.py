@@ -12,7 +12,6 @@ serializing its frozen copy of memory (``fork``).
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -119,67 +118,48 @@ def check_snapshot_mode(mode: str, key: str = "state.backend.heap.snapshot-mode"
     return mode
 
 
-class _Pacer:
-    """Keeps a background writer from starving a busy processing thread of the GIL.
+#: the longest the snapshot thread holds the GIL at a stretch while the processing thread works
+PACE_TURN = 0.002
 
-    After every slice of work the writer sleeps ``ratio`` times as long as the slice took (it
-    then holds the GIL for at most ``1 / (1 + ratio)`` of wall time), but only while the
-    processing thread works: when the backend's current key has not changed since the last slice
-    (between micro-batches, or when the job waits for input) the writer runs at full speed.
+
+class _Pacer:
+    """Keeps a background writer from pausing a busy processing thread.
+
+    The writer works in turns of at most :data:`PACE_TURN` (each call of a turn is one short
+    C-level step), then sleeps ``ratio`` times as long as the turn took, so the processing thread
+    never waits for the GIL longer than a turn.  It sleeps only while the processing thread
+    works: when the backend's current key stays the same over a whole turn and sleep (between
+    micro-batches, or when the job waits for input) the writer runs at full speed until it moves.
     """
 
-    __slots__ = ("_current", "_key", "_mark", "ratio")
+    __slots__ = ("_current", "_idle", "_key", "_mark", "ratio")
 
     def __init__(self, ratio: float, current_key: Callable[[], Any]) -> None:
         self.ratio = ratio
         self._current = current_key
         self._key = current_key()
+        self._idle = False
         self._mark = time.perf_counter()
+
+    def hurried(self) -> _Pacer:
+        """A pacer yielding at most as long as each turn took (not ``ratio`` times)."""
+        return _Pacer(min(1.0, self.ratio), self._current)
 
     def __call__(self) -> None:
         now = time.perf_counter()
+        if now - self._mark < PACE_TURN:
+            return
         key = self._current()
-        if key is not self._key:
-            self._key = key
+        if key is not self._key or not self._idle:
             time.sleep((now - self._mark) * self.ratio)
+            moved = self._current()
+            self._idle = moved is key  # the processing thread did not run while the GIL was free
+            key = moved
+        self._key = key
         self._mark = time.perf_counter()
 
 
 # --- what a snapshot writes per state ----------------------------------------------------------------
-
-
-class _Slices:
-    """A table's entries copied out of the live dict: ``(keys, values)`` slices, handed to the
-    writer as they are when a part takes a whole slice (no further copy) and released once read."""
-
-    __slots__ = ("slices",)
-
-    def __init__(self, slices: list[tuple[list[Any], list[Any]]]) -> None:
-        self.slices = slices
-
-    def reader(self) -> Any:
-        slices = self.slices
-        at = [0, 0]  # slice, offset
-
-        def take(count: int) -> tuple[list[Any], list[Any]] | None:
-            n, offset = at
-            if n >= len(slices):
-                return None
-            ks, vs = slices[n]
-            if offset == 0 and count >= len(ks):
-                slices[n] = ([], [])  # read: its memory goes with the part
-                at[0] = n + 1
-                return ks, vs
-            end = offset + count
-            at[:] = [n + 1, 0] if end >= len(ks) else [n, end]
-            if end >= len(ks):
-                slices[n] = ([], [])
-            return ks[offset:end], vs[offset:end]
-
-        return take
-
-    def items(self) -> Iterable[tuple[Any, Any]]:
-        return itertools.chain.from_iterable(zip(ks, vs, strict=True) for ks, vs in self.slices)
 
 
 def _view_reader(view: Any) -> Any:
@@ -257,34 +237,24 @@ class HeapSnapshotStrategy:
         else:
             for t in tables:
                 if t.staged is not None:
-                    t.settle()
+                    t.settle(full=True)
             self.views = [(t, t.data) for t in tables]
         self.restored = dict(backend.restored_states)
         self.base = backend.confirmed_handle
         if self.incremental:
             self.materialize, self.changed = backend.begin_attempt(self.checkpoint_id, tables)
 
-    def _copy_out(self, pace: Callable[[], None] | None) -> list[tuple[HeapTable, Any]]:
-        """First step of an asynchronous snapshot: the captures of immutable values are copied
-        out slice by slice (C-level list copies, about 20 ns per entry) and released at once, so
-        the live tables save old values only for this short window; captures of mutable values
-        stay until their parts are packed (their values are copied on first change instead)."""
-        out: list[tuple[HeapTable, Any]] = []
-        for table, view in self.views:
-            if isinstance(view, Capture) and table.immutable:
-                if self.materialize:  # unpaced: the window stays short
-                    view = _Slices(view.copy_out())
-                else:  # a changelog: the changed keys' values only (None: removed)
-                    view = view.values_of(self.changed[table.meta.name])
-            out.append((table, view))
-        return out
-
     def produce(self, pace: Callable[[], None] | None) -> list[Part]:
         """What this snapshot writes, one ``Part`` per state (registered or only restored)."""
         out: list[Part] = []
         maxp = self.backend.max_parallelism
-        for table, view in self._copy_out(pace):
+        for table, view in self.views:
             meta = table.meta
+            if isinstance(view, Capture) and table.immutable and (self.savepoint
+                                                                    or self.materialize):
+                # released after the copy: the live side's fast path is back; a shorter pause
+                # between copy steps, since live writes take the slow path until then
+                view = view.copy_out(None if pace is None else pace.hurried())
             if self.savepoint:
                 payload = indexed_blob(group_entries(view.items(), meta, maxp,
                                                      pace=pace).chunks)
@@ -406,12 +376,15 @@ class ThreadSnapshotRun(SnapshotRun):
             self._state = "running"
         strategy = self._strategy
         backend = strategy.backend
+        pace = (_Pacer(backend.pace_ratio, lambda: backend.current_key)
+                if backend.pace_ratio > 0 else None)
         try:
-            pace = (_Pacer(backend.pace_ratio, lambda: backend.current_key)
-                    if backend.pace_ratio > 0 else None)
             return strategy.finish(strategy.produce(pace))
         finally:
             self._release()
+            for _, view in strategy.views:  # what the live side saved, freed here in short steps
+                if isinstance(view, Capture):
+                    view.drain(pace)
 
     def cancel(self) -> None:
         with self._lock:

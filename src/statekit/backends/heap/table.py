@@ -18,15 +18,21 @@ while a snapshot is pending (or the backend is incremental) and removals call in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
+from collections import deque
+from collections.abc import Callable, Iterator
+from itertools import islice, repeat, starmap
 from typing import Any
 
 from statekit.backends.base import StateMeta
+from statekit.errors import ConcurrentModificationError
 
 _ABSENT: Any = object()
-#: entries a snapshot copies out of a live table per slice (about 1.5 ms of GIL here)
-COPY_SLICE = 1 << 16
+#: entries :meth:`Capture.drain` frees per step (about half a millisecond)
+DRAIN_STEP = 8192
+#: entries :meth:`Capture.copy_out` copies per step (a fraction of a millisecond)
+COPY_STEP = 4096
+#: staged keys (and tombstones) :meth:`HeapTable.settle` folds per call
+SETTLE_STEP = 8192
 
 
 class Capture:
@@ -34,73 +40,50 @@ class Capture:
     values it had at capture for keys changed since, plus the keys staged at capture when it was
     taken while another capture was pending (``extra``, copied).
 
-    Immutable values: every change appends ``(key, old value)`` to the table's ``log`` (one list
-    append, no lookup), the snapshot copies the dict out in slices, releases the capture and then
-    takes the *first* logged value of each key as its value at capture.  Mutable values (changed
-    in place, so copied on first change anyway): ``undo`` maps each changed key to the object it
-    held at capture, and the capture stays pending until its parts are packed.
+    Every change of a key while the capture is pending saves the value it had at capture in
+    ``undo`` (the first change wins; a mutable value is copied on first change, an immutable one
+    is simply replaced).  Immutable values are copied out in short steps into chunk dicts and the
+    capture is released (:meth:`copy_out`); mutable ones are read while the capture stays
+    pending.  Every copy and ``undo`` are dicts, which the garbage collector does not scan when
+    they hold plain keys and values, and every step over them is short, so no pass over the state
+    holds the GIL long; the snapshot thread empties ``undo`` in short steps when it ends.
     """
 
-    __slots__ = ("extra", "log_start", "released", "table", "tombs", "undo")
+    __slots__ = ("extra", "released", "table", "tombs", "undo")
 
     def __init__(self, table: HeapTable, extra: dict[Any, Any] | None, tombs: bool) -> None:
         self.table = table
         self.undo: dict[Any, Any] = {}
-        self.log_start = len(table.log) if table.log is not None else 0
         self.extra = extra
         self.tombs = tombs  # the live dict held tombstones at capture: filter None values
         self.released = False
 
-    # --- immutable values: copied out, then corrected from the log --------------------------------
-
-    def _corrections(self) -> dict[Any, Any]:
-        """Key -> value at capture of every key changed since (after the capture is released)."""
-        log = self.table.log
-        if not log:
-            return {}
-        return dict(reversed(log[self.log_start:]))  # the first logged value of each key wins
-
-    def copy_out(self, count: int = COPY_SLICE) -> list[tuple[list[Any], list[Any]]]:
-        """The captured entries as private ``(keys, values)`` slices; releases the capture.  The
-        live dict is read ``count`` entries per slice (a few C-level passes each: the GIL is held
-        briefly); the slices are kept as they are (no second copy into one list)."""
-        table = self.table
-        data = table.data
-        keys_it, values_it = iter(data), iter(data.values())  # aligned: the size never changes
-        slices = []
-        while ks := list(islice(keys_it, count)):
-            slices.append((ks, list(islice(values_it, len(ks)))))
-        table.release(self)
-        fix = self._corrections()
-        # None: removed since (the first logged value) or a tombstone at capture
-        drop = self.tombs or None in fix.values()
-        out = []
-        for ks, vs in slices:
-            if fix:
-                vs = list(map(fix.get, ks, vs))
-            if drop:
-                ks, vs = _without_none(ks, vs)
-            if ks:
-                out.append((ks, vs))
-        if self.extra:
-            out.append((list(self.extra), list(self.extra.values())))
-        return out
-
-    def values_of(self, keys: Iterable[Any]) -> dict[Any, Any]:
-        """Key -> value at capture (None: absent) of ``keys``; releases the capture."""
-        get = self.table.data.get
-        out = {key: get(key) for key in keys}
+    def copy_out(self, pace: Callable[[], None] | None) -> Copied:
+        """Immutable values: the captured entries copied out of the live dict as chunk dicts,
+        :data:`COPY_STEP` per C-level step (a dict of plain keys and values is never scanned by
+        the garbage collector), then the capture is released, so the live side's writes take
+        the fast path again long before the snapshot is written.  Values changed meanwhile are
+        corrected from ``undo`` when the copy is read."""
+        items = iter(self.table.data.items())  # the size never changes while pending
+        chunks: list[dict[Any, Any] | None] = []
+        while chunk := dict(islice(items, COPY_STEP)):
+            chunks.append(chunk)
+            if pace is not None:
+                pace()
         self.table.release(self)
-        for key, value in self._corrections().items():
-            if key in out:
-                out[key] = value
-        if self.extra:
-            for key, value in out.items():
-                if value is None:
-                    out[key] = self.extra.get(key)
-        return out
+        return Copied(self, chunks)
 
-    # --- mutable values: read while pending, corrected by ``undo`` --------------------------------
+    def drain(self, pace: Callable[[], None] | None) -> None:
+        """Free what ``undo`` saved, :data:`DRAIN_STEP` entries per C-level step (freeing a big
+        dict at once would hold the GIL for milliseconds); after :meth:`HeapTable.release`."""
+        undo = self.undo
+        while undo:
+            deque(starmap(undo.popitem, repeat((), min(len(undo), DRAIN_STEP))), 0)
+            if pace is not None:
+                pace()
+
+    # --- reading while pending, corrected by ``undo`` ---------------------------------------------
+
 
     def get(self, key: Any) -> Any:
         """The key's value at capture (None if absent); safe while the live table changes: the
@@ -116,7 +99,8 @@ class Capture:
     def reader(self) -> Callable[[int], tuple[list[Any], list[Any]] | None]:
         """``take(count)``: the next ``count`` entries as ``(keys, values)`` (fewer when removed
         entries are dropped), None at the end.  Each call is a few C-level passes over ``count``
-        entries (the GIL is held for one slice only)."""
+        entries (the GIL is held for one slice only); values changed since the capture are
+        replaced by their saved ones (``undo``)."""
         data = self.table.data
         keys_it, values_it = iter(data), iter(data.values())  # aligned: the size never changes
         extra = self.extra
@@ -137,6 +121,57 @@ class Capture:
                 if extra:
                     return list(extra), list(extra.values())
             return None
+
+        return take
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        take = self.reader()
+        while (chunk := take(4096)) is not None:
+            yield from zip(*chunk, strict=True)
+
+
+class Copied:
+    """A released capture's entries (:meth:`Capture.copy_out`), read as the capture saw them."""
+
+    __slots__ = ("cap", "chunks")
+
+    def __init__(self, cap: Capture, chunks: list[dict[Any, Any] | None]) -> None:
+        self.cap = cap
+        self.chunks = chunks
+
+    def reader(self) -> Callable[[int], tuple[list[Any], list[Any]] | None]:
+        """``take(count)`` as :meth:`Capture.reader`'s; each chunk is freed once read."""
+        chunks, cap = self.chunks, self.cap
+        undo = cap.undo
+        state: dict[str, Any] = {"next": 0, "ks": [], "vs": [], "at": 0}
+
+        def load() -> bool:
+            n = state["next"]
+            state["next"] = n + 1
+            if n < len(chunks):
+                chunk = chunks[n]
+                chunks[n] = None
+                assert chunk is not None
+                ks, vs = list(chunk), list(chunk.values())
+                if undo:  # values changed since the capture: the saved ones (C-level)
+                    vs = list(map(undo.get, ks, vs))
+                if cap.tombs:
+                    ks, vs = _without_none(ks, vs)
+            elif n == len(chunks) and cap.extra:
+                ks, vs = list(cap.extra), list(cap.extra.values())
+            else:
+                return False
+            state.update(ks=ks, vs=vs, at=0)
+            return True
+
+        def take(count: int) -> tuple[list[Any], list[Any]] | None:
+            if state["at"] >= len(state["ks"]) and not load():
+                return None
+            ks, vs, at = state["ks"], state["vs"], state["at"]
+            state["at"] = at + count
+            if at == 0 and count >= len(ks):
+                return ks, vs
+            return ks[at:at + count], vs[at:at + count]
 
         return take
 
@@ -175,8 +210,8 @@ class HeapTable:
     keys (incremental).  Otherwise the states use ``data`` directly.
     """
 
-    __slots__ = ("copy", "data", "dirty", "immutable", "log", "meta", "snaps", "staged",
-                 "tombs", "watch")
+    __slots__ = ("copy", "data", "dirty", "immutable", "meta", "snaps", "staged", "tombs",
+                 "watch")
 
     def __init__(self, meta: StateMeta, track_dirty: bool = False) -> None:
         self.meta = meta
@@ -190,8 +225,6 @@ class HeapTable:
         # keys first written while a capture was pending (None: not in snapshot mode)
         self.staged: dict[Any, Any] | None = None
         self.tombs: set[Any] = set()  # keys whose live value is a None tombstone
-        # immutable values: (key, old value) of every change while captures are pending
-        self.log: list[tuple[Any, Any]] | None = None
         self.watch = track_dirty
 
     def take_dirty(self) -> set[Any]:
@@ -208,7 +241,7 @@ class HeapTable:
         """Mark the table's current content for a snapshot: O(1) (O(staged keys) only when
         another snapshot is still pending with staged keys)."""
         if not self.snaps and self.staged is not None:
-            self.settle()
+            self.settle(full=True)
         extra = None
         if self.staged:  # another capture is pending: its staged keys are part of this one too
             copy = self.copy
@@ -216,8 +249,6 @@ class HeapTable:
                 k: copy(v) for k, v in self.staged.items()}
         elif self.staged is None:
             self.staged = {}
-        if self.immutable and self.log is None:
-            self.log = []
         cap = Capture(self, extra, bool(self.tombs))
         self.snaps = (*self.snaps, cap)
         self.watch = True
@@ -230,21 +261,40 @@ class HeapTable:
             cap.released = True
             self.snaps = tuple(c for c in self.snaps if c is not cap)
 
-    def settle(self) -> None:
+    def settle(self, full: bool = False) -> bool:
         """Fold staged keys and tombstones into the dict once no snapshot is pending (processing
-        thread only): one C-level update for the keys first written during the snapshots."""
-        if self.snaps:
-            return
-        staged, data = self.staged, self.data
+        thread only), at most :data:`SETTLE_STEP` of each per call unless ``full``: a big fold is
+        spread over the next slow-path accesses instead of pausing one element.  The table stays
+        watched (and its staged keys readable) until the fold is done.  True when nothing is
+        left to fold now (or a pending snapshot keeps it from folding)."""
+        if self.snaps or self.staged is None:
+            return True
+        staged, data, tombs = self.staged, self.data, self.tombs
+        step = max(len(staged or ()), len(tombs)) if full else SETTLE_STEP
         if staged:
-            data.update(staged)
-        for key in self.tombs:
+            data.update(starmap(staged.popitem, repeat((), min(len(staged), step))))
+        for key in starmap(tombs.pop, repeat((), min(len(tombs), step))):
             if key in data and data[key] is None:
                 del data[key]
-        self.tombs = set()
+        if staged or tombs:
+            return False
         self.staged = None
-        self.log = None
         self.watch = self.dirty is not None
+        return True
+
+    def live_keys(self, state: str) -> Iterator[Any]:
+        """The keys the table holds: ``data``'s (not its tombstones) and the staged ones; a key
+        added or removed meanwhile ends the iteration with an error."""
+        try:
+            for key, value in self.data.items():
+                if value is not None:
+                    yield key
+            if self.staged:
+                yield from self.staged
+        except RuntimeError as exc:  # "dictionary changed size during iteration"
+            raise ConcurrentModificationError(
+                "a key was added or removed while the state's keys were enumerated (collect them "
+                "first, or use apply_to_all_keys)", state) from exc
 
     # --- the slow paths of the states (processing thread) ------------------------------------------
 
@@ -261,7 +311,8 @@ class HeapTable:
             return None
         if not self.snaps:
             self.settle()
-            return self.data.get(key)
+            value = self.data.get(key)
+            return value if value is not None or self.staged is None else staged.get(key)
         return staged.get(key)
 
     def put(self, key: Any, value: Any) -> None:
@@ -275,20 +326,18 @@ class HeapTable:
             if old is _ABSENT:  # a new key: the dict's size must not change, stage it
                 self.staged[key] = value  # type: ignore[index]
                 return
-            log = self.log
-            if log is not None:
-                log.append((key, old))
-            else:
-                for cap in snaps:  # (inlined _save: this is the write path during snapshots)
-                    undo = cap.undo
-                    if key not in undo:
-                        undo[key] = old
+            for cap in snaps:  # (inlined _save: this is the write path during snapshots)
+                undo = cap.undo
+                if key not in undo:
+                    undo[key] = old
             data[key] = value
             if old is None:
                 self.tombs.discard(key)
             return
         if self.staged is not None:
             self.settle()
+            if self.staged:
+                self.staged.pop(key, None)
         self.data[key] = value
 
     def remove(self, key: Any) -> None:
@@ -299,6 +348,8 @@ class HeapTable:
         if not snaps:
             if self.staged is not None:
                 self.settle()
+                if self.staged:
+                    self.staged.pop(key, None)
             self.data.pop(key, None)
             return
         data = self.data
@@ -308,10 +359,7 @@ class HeapTable:
             return
         if old is None:
             return
-        if self.log is not None:
-            self.log.append((key, old))
-        else:
-            self._save(snaps, key, old)
+        self._save(snaps, key, old)
         data[key] = None
         self.tombs.add(key)
 
