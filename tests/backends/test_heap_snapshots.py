@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import uuid
 from typing import Any
@@ -519,3 +520,30 @@ def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -
     clock.now = 2.25
     pacer()  # it works again: yield
     assert clock.slept == [2.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("entries", [0, 1, 15, 16, 4097, 65535, 65537, 150_000])
+def test_paced_parts_are_the_bytes_packb_writes(entries: int) -> None:
+    """A paced part is gathered from short packing steps (the GIL is held briefly) but is the same
+    bytes ``packb([keys, values])`` writes, as large as an unpaced part; TTL drops still apply."""
+    from statekit.backends.kvformat import reader_parts, slice_reader
+    from statekit.serde.msgpack import packb, unpackb
+
+    rng = random.Random(entries)
+    keys = list(range(entries))
+    values = [rng.randbytes(rng.randrange(0, 30)) for _ in keys]
+
+    def drop(value: bytes) -> bytes | None:  # empty values are not written
+        return value or None
+
+    expected = [(k, v) for k, v in zip(keys, values, strict=True) if v]
+    paced = list(reader_parts(slice_reader(keys, values), drop=drop, pace=lambda: None))
+    unpaced = list(reader_parts(slice_reader(keys, values), drop=drop))
+    for parts in (paced, unpaced):
+        got = []
+        for part in parts:
+            ks, vs = unpackb(part)
+            assert part == packb([ks, vs])
+            got += zip(ks, vs, strict=True)
+        assert got == expected
+    assert len(paced) <= len(unpaced) + 1

@@ -35,9 +35,9 @@ PLAIN_PART_BYTES = 16 * 1024 * 1024
 _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 #: entries serialized between two pacing pauses
 PACE_SLICE = 2048
-#: a paced part's bounds (a snapshot written beside a busy processing thread): packing one
-#: holds the GIL for a fraction of a millisecond
-PACED_PART_ENTRIES, PACED_PART_BYTES = 4096, 2 * 1024 * 1024
+#: a paced part's size (a snapshot written beside a busy processing thread: joining its packed
+#: steps is one copy under the GIL) and the most bytes one step packs
+PACED_PART_BYTES, PACED_STEP_BYTES = 4 * 1024 * 1024, 512 * 1024
 
 
 class HandleHeader(TypedDict, total=False):
@@ -287,35 +287,74 @@ def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
                         value_plain=value_plain, pace=pace)
 
 
+def _array_header(n: int) -> bytes:
+    """The header msgpack writes before an ``n``-element array."""
+    if n <= 15:
+        return bytes([0x90 | n])
+    return b"\xdc" + n.to_bytes(2, "big") if n <= 0xFFFF else b"\xdd" + n.to_bytes(4, "big")
+
+
+def _items(values: list[Any]) -> memoryview:
+    """``packb(values)`` without its array header: the items' encodings, to join with others'."""
+    return memoryview(packb(values))[len(_array_header(len(values))):]
+
+
 def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
                  value_plain: Callable[[Any], Any] | None = None,
                  drop: Callable[[Any], Any] | None = None,
                  pace: Callable[[], None] | None = None) -> Iterator[bytes]:
     """:func:`plain_parts` of the entries ``take`` reads, part by part (``drop``: a TTL filter
-    mapping a stored value to None when it is not written)."""
-    # paced (beside a processing thread): parts small enough that packing one is a short C call
-    most, part_bytes = ((PACED_PART_ENTRIES, PACED_PART_BYTES) if pace is not None
-                        else (_MAX_PART_ENTRIES, PLAIN_PART_BYTES))
-    count = min(_FIRST_PART_ENTRIES, most)
-    while True:
-        if pace is not None:
-            pace()
-        chunk = take(count)
-        if chunk is None:
-            return
-        ks, vs = chunk
+    mapping a stored value to None when it is not written).
+
+    Paced (beside a processing thread), a part is gathered from steps of at most
+    :data:`PACE_SLICE` entries / :data:`PACED_STEP_BYTES`, each packed on its own (a short C
+    call) and the pacer called between them; the part is the same bytes ``packb([keys,
+    values])`` writes, so parts stay as large (and as few) as unpaced ones."""
+
+    def plain(ks: Sequence[Any], vs: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]]:
         if drop is not None:
             kept = [(k, v) for k, v in zip(ks, map(drop, vs), strict=True) if v is not None]
             ks, vs = [k for k, _ in kept], [v for _, v in kept]
-        if not ks:
-            continue
         if key_plain is not None:
             ks = [key_plain(k) for k in ks]
         if value_plain is not None:
             vs = [value_plain(v) for v in vs]
-        part = packb([ks, vs])
-        yield part
-        count = max(1, min(most, len(ks) * part_bytes // max(1, len(part))))
+        return ks, vs
+
+    part_bytes = PLAIN_PART_BYTES if pace is None else PACED_PART_BYTES
+    count, per_entry, ended = _FIRST_PART_ENTRIES, 0, False
+    while not ended:
+        if pace is None:  # nothing shares the GIL: one take and one packb per part
+            chunk = take(count)
+            if chunk is None:
+                return
+            ks, vs = plain(*chunk)
+            if ks:
+                part = packb([ks, vs])
+                yield part
+                count = max(1, min(_MAX_PART_ENTRIES, len(ks) * part_bytes // max(1, len(part))))
+            continue
+        key_items: list[memoryview] = []
+        value_items: list[memoryview] = []
+        n = size = 0
+        while n < count and size < part_bytes:
+            pace()
+            chunk = take(min(count - n, PACE_SLICE, max(1, PACED_STEP_BYTES // max(1, per_entry))))
+            if chunk is None:
+                ended = True
+                break
+            ks, vs = plain(*chunk)
+            if not ks:
+                continue
+            key_items.append(_items(ks))
+            value_items.append(_items(vs))
+            n += len(ks)
+            size += len(key_items[-1]) + len(value_items[-1])
+            per_entry = max(1, size // n)
+        if n:
+            head = _array_header(n)
+            yield b"".join([b"\x92", head, *key_items, head, *value_items])
+            count = max(1, min(_MAX_PART_ENTRIES, n * part_bytes // max(1, size)))
 
 
 def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
