@@ -253,3 +253,17 @@ def spark_env(driver: Any) -> Iterator[tuple[Any, Any]]:
     finally:
         driver.stop_spark(spark)
         shutil.rmtree(inputs.root, ignore_errors=True)
+
+
+def spark_workdir(prefix: str, conf: dict[str, Any] | None = None) -> Iterator[tuple[Any, Path]]:
+    """A benchmark module's Spark session (``spark_driver.make_spark``) and a scratch directory,
+    both ended after it."""
+    from benchmarks import spark_driver
+
+    spark = spark_driver.make_spark(conf)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield spark, work
+    finally:
+        spark_driver.stop_spark(spark)
+        shutil.rmtree(work, ignore_errors=True)

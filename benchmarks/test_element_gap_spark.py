@@ -17,15 +17,12 @@ Run: ``pytest benchmarks/test_element_gap_spark.py -s -o testpaths=benchmarks``.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks._common import QUICK, loadavg
+from benchmarks._common import QUICK, loadavg, spark_workdir
 from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
 
 pytestmark = [pytest.mark.spark]
@@ -95,15 +92,7 @@ class Sink:
 
 @pytest.fixture(scope="module")
 def env():
-    from benchmarks import spark_driver
-
-    spark = spark_driver.make_spark()
-    work = Path(tempfile.mkdtemp(prefix="statekit-gap-spark-"))
-    try:
-        yield spark, work
-    finally:
-        spark_driver.stop_spark(spark)
-        shutil.rmtree(work, ignore_errors=True)
+    yield from spark_workdir("statekit-gap-spark-")
 
 
 RESULTS: dict[str, float] = {}

@@ -13,15 +13,12 @@ figures go to ``results/spark-latency[-quick].json``.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks import spark_driver, spark_latency_driver
-from benchmarks._common import QUICK, loadavg
+from benchmarks._common import QUICK, loadavg, spark_workdir
 
 pytestmark = [pytest.mark.large, pytest.mark.spark]
 
@@ -37,13 +34,8 @@ def _sizes(incremental: bool) -> list[int]:
 
 @pytest.fixture(scope="module")
 def env():
-    spark = spark_driver.make_spark({"spark.sql.streaming.numRecentProgressUpdates": "2000"})
-    work = Path(tempfile.mkdtemp(prefix="statekit-spark-latency-"))
-    try:
-        yield spark, work
-    finally:
-        spark_driver.stop_spark(spark)
-        shutil.rmtree(work, ignore_errors=True)
+    yield from spark_workdir("statekit-spark-latency-",
+                             {"spark.sql.streaming.numRecentProgressUpdates": "2000"})
 
 
 @pytest.mark.parametrize(("backend", "incremental"), CASES,
