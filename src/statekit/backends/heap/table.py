@@ -93,7 +93,6 @@ class Capture:
 
     # --- reading while pending, corrected by ``undo`` ---------------------------------------------
 
-
     def get(self, key: Any) -> Any:
         """The key's value at capture (None if absent); safe while the live table changes: the
         live value is read first and a value saved meanwhile wins."""
