@@ -526,7 +526,7 @@ def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -
 def test_paced_parts_are_the_bytes_packb_writes(entries: int) -> None:
     """A paced part is gathered from short packing steps (the GIL is held briefly) but is the same
     bytes ``packb([keys, values])`` writes, as large as an unpaced part; TTL drops still apply."""
-    from statekit.backends.kvformat import reader_parts, slice_reader
+    from statekit.backends.plainparts import reader_parts, slice_reader
     from statekit.serde.msgpack import packb, unpackb
 
     rng = random.Random(entries)

@@ -1,11 +1,12 @@
 """The heap backend: working state as Python objects in dicts (Flink's ``HashMapStateBackend``).
 
 Snapshots capture in constant time: the synchronous part marks each table; the transfer thread
-then reads the live dicts in slices while the live side keeps what the snapshot must see (old
-values logged or copied on first change, new keys staged, removals as tombstones), and packs and
-uploads in paced slices so the processing thread keeps most of the GIL.  ``table`` holds the
-tables and their captures, ``states`` the states, ``snapshot`` the snapshot strategy,
-``backend`` the keyed backend and ``factory`` the :class:`HashMapStateBackend` configuration.
+then copies or reads the live dicts in short steps while the live side keeps what the snapshot
+must see (old values saved on first change, mutable ones copied; new keys staged; removals as
+tombstones), and packs and uploads in paced turns so the processing thread never waits long for
+the GIL.  ``table`` holds the tables and their captures, ``states`` the states, ``snapshot``
+the snapshot strategy, ``backend`` the keyed backend and ``factory`` the
+:class:`HashMapStateBackend` configuration.
 """
 
 from statekit.backends.heap.backend import HeapKeyedStateBackend

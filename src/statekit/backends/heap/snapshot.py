@@ -23,17 +23,15 @@ from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.heap.fork import Part, fork_collect, fork_kill, fork_serialize
 from statekit.backends.heap.table import Capture, dict_reader
 from statekit.backends.kvformat import (
-    PACE_SLICE,
     KvStateData,
     group_entries,
     handle_header,
     indexed_blob,
     kv_handle,
-    plain_parts,
-    reader_parts,
     write_plain_entry,
 )
 from statekit.backends.kvschema import check_states
+from statekit.backends.plainparts import PACE_SLICE, plain_parts, reader_parts
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.config import default
@@ -244,17 +242,22 @@ class HeapSnapshotStrategy:
         if self.incremental:
             self.materialize, self.changed = backend.begin_attempt(self.checkpoint_id, tables)
 
+    def _copied(self, pace: Callable[[], None] | None) -> list[tuple[HeapTable, Any]]:
+        """First step of an asynchronous snapshot: every capture of immutable values is copied
+        out and released before any state is written, so the live tables take their fast path
+        again after this short window (a shorter pause between copy steps: live writes take the
+        slow path until then); changelogs and mutable values read their captures while pending."""
+        hurried = None if pace is None else pace.hurried()
+        return [(table, view.copy_out(hurried) if isinstance(view, Capture) and table.immutable
+                 and (self.savepoint or self.materialize) else view)
+                for table, view in self.views]
+
     def produce(self, pace: Callable[[], None] | None) -> list[Part]:
         """What this snapshot writes, one ``Part`` per state (registered or only restored)."""
         out: list[Part] = []
         maxp = self.backend.max_parallelism
-        for table, view in self.views:
+        for table, view in self._copied(pace):
             meta = table.meta
-            if isinstance(view, Capture) and table.immutable and (self.savepoint
-                                                                    or self.materialize):
-                # released after the copy: the live side's fast path is back; a shorter pause
-                # between copy steps, since live writes take the slow path until then
-                view = view.copy_out(None if pace is None else pace.hurried())
             if self.savepoint:
                 payload = indexed_blob(group_entries(view.items(), meta, maxp,
                                                      pace=pace).chunks)

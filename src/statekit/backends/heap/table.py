@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice, repeat, starmap
 from typing import Any
 
@@ -133,9 +133,7 @@ class Capture:
         return take
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        take = self.reader()
-        while (chunk := take(4096)) is not None:
-            yield from zip(*chunk, strict=True)
+        return _entries(self.reader())
 
 
 class Copied:
@@ -185,9 +183,14 @@ class Copied:
         return take
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        take = self.reader()
-        while (chunk := take(4096)) is not None:
-            yield from zip(*chunk, strict=True)
+        return _entries(self.reader())
+
+
+def _entries(take: Callable[[int], tuple[list[Any], list[Any]] | None]
+             ) -> Iterator[tuple[Any, Any]]:
+    """The ``(key, value)`` pairs a ``take`` reader yields, 4,096 at a time."""
+    while (chunk := take(4096)) is not None:
+        yield from zip(*chunk, strict=True)
 
 
 def _without_none(ks: list[Any], vs: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -279,10 +282,15 @@ class HeapTable:
         if self.snaps or self.staged is None:
             return True
         staged, data, tombs = self.staged, self.data, self.tombs
-        step = max(len(staged or ()), len(tombs)) if full else SETTLE_STEP
-        if staged:
-            data.update(starmap(staged.popitem, repeat((), min(len(staged), step))))
-        for key in starmap(tombs.pop, repeat((), min(len(tombs), step))):
+        if full:  # one C-level update (a capture needs the fold done now)
+            data.update(staged)
+            staged.clear()
+            removed: Iterable[Any] = list(tombs)
+            tombs.clear()
+        else:
+            data.update(starmap(staged.popitem, repeat((), min(len(staged), SETTLE_STEP))))
+            removed = starmap(tombs.pop, repeat((), min(len(tombs), SETTLE_STEP)))
+        for key in removed:
             if key in data and data[key] is None:
                 del data[key]
         if staged or tombs:

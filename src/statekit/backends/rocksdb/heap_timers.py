@@ -21,11 +21,11 @@ from statekit.backends.kvformat import (
     group_entries,
     plain_in_range,
     read_plain_entry,
-    reader_parts,
     write_kv_state,
     write_plain_entry,
 )
 from statekit.backends.kvschema import check_states
+from statekit.backends.plainparts import reader_parts
 from statekit.backends.rocksdb.encoding import KG_END
 from statekit.backends.rocksdb.timers import TimerOwner, index_name, ts8
 from statekit.backends.timers import (

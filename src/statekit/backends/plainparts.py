@@ -1,0 +1,128 @@
+"""A plain state entry's parts: ``packb([keys, values])`` chunks produced lazily from a reader
+of ``(keys, values)`` slices, large enough that writer and reader threads hand the GIL over
+rarely; beside a busy processing thread each part is packed in short, paced steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from statekit.serde.msgpack import packb
+
+#: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: large
+#: enough that the writer and reader threads hand the GIL over rarely, small enough to pace
+PLAIN_PART_BYTES = 16 * 1024 * 1024
+_FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
+#: entries serialized between two pacing pauses
+PACE_SLICE = 2048
+#: a paced part's size (a snapshot written beside a busy processing thread: joining its packed
+#: steps is one copy under the GIL) and the most bytes one step packs
+PACED_PART_BYTES, PACED_STEP_BYTES = 4 * 1024 * 1024, 512 * 1024
+
+
+Take = Callable[[int], "tuple[list[Any], list[Any]] | None"]
+
+
+def slice_reader(keys: Sequence[Any], values: Sequence[Any]) -> Take:
+    """``take(count)`` over parallel key and value sequences."""
+    pos = [0]
+
+    def take(count: int) -> tuple[list[Any], list[Any]] | None:
+        start = pos[0]
+        if start >= len(keys):
+            return None
+        pos[0] = start + count
+        return list(keys[start:start + count]), list(values[start:start + count])
+
+    return take
+
+
+def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
+                key_plain: Callable[[Any], Any] | None = None,
+                value_plain: Callable[[Any], Any] | None = None,
+                pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """One state's entries as parts of ``packb([keys, values])`` in plain form, produced lazily.
+
+    With identity serializers a part is one C-level msgpack call over the objects the table
+    already holds; ``key_plain`` / ``value_plain`` convert other types part by part.  ``pace``
+    runs before each part (GIL sharing with the processing thread).
+    """
+    return reader_parts(slice_reader(keys, values), key_plain=key_plain,
+                        value_plain=value_plain, pace=pace)
+
+
+def _array_header(n: int) -> bytes:
+    """The header msgpack writes before an ``n``-element array."""
+    if n <= 15:
+        return bytes([0x90 | n])
+    return b"\xdc" + n.to_bytes(2, "big") if n <= 0xFFFF else b"\xdd" + n.to_bytes(4, "big")
+
+
+def _items(values: Sequence[Any]) -> memoryview:
+    """``packb(values)`` without its array header: the items' encodings, to join with others'."""
+    return memoryview(packb(values))[len(_array_header(len(values))):]
+
+
+def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
+                 value_plain: Callable[[Any], Any] | None = None,
+                 drop: Callable[[Any], Any] | None = None,
+                 pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+    """:func:`plain_parts` of the entries ``take`` reads, part by part (``drop``: a TTL filter
+    mapping a stored value to None when it is not written).
+
+    Paced (beside a processing thread), a part is gathered from steps of at most
+    :data:`PACE_SLICE` entries / :data:`PACED_STEP_BYTES`, each packed on its own (a short C
+    call) and the pacer called between them; the part is the same bytes ``packb([keys,
+    values])`` writes, so parts stay as large (and as few) as unpaced ones."""
+
+    def plain(ks: Sequence[Any], vs: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]]:
+        if drop is not None:
+            kept = [(k, v) for k, v in zip(ks, map(drop, vs), strict=True) if v is not None]
+            ks, vs = [k for k, _ in kept], [v for _, v in kept]
+        if key_plain is not None:
+            ks = [key_plain(k) for k in ks]
+        if value_plain is not None:
+            vs = [value_plain(v) for v in vs]
+        return ks, vs
+
+    if pace is None:  # nothing shares the GIL: one take and one packb per part
+        count = _FIRST_PART_ENTRIES
+        while (chunk := take(count)) is not None:
+            ks, vs = plain(*chunk)
+            if ks:
+                part = packb([ks, vs])
+                yield part
+                count = max(1, min(_MAX_PART_ENTRIES,
+                                   len(ks) * PLAIN_PART_BYTES // max(1, len(part))))
+        return
+    yield from _stepped_parts(take, plain, pace)
+
+
+def _stepped_parts(take: Take, plain: Callable[[Any, Any], tuple[Sequence[Any], Sequence[Any]]],
+                   pace: Callable[[], None]) -> Iterator[bytes]:
+    """Parts of up to :data:`PACED_PART_BYTES`, each joined from short packing steps (see
+    :func:`reader_parts`)."""
+    count, per_entry, ended = _FIRST_PART_ENTRIES, 0, False
+    while not ended:
+        key_items: list[memoryview] = []
+        value_items: list[memoryview] = []
+        n = size = 0
+        while n < count and size < PACED_PART_BYTES:
+            pace()
+            chunk = take(min(count - n, PACE_SLICE, max(1, PACED_STEP_BYTES // max(1, per_entry))))
+            if chunk is None:
+                ended = True
+                break
+            ks, vs = plain(*chunk)
+            if not ks:
+                continue
+            key_items.append(_items(ks))
+            value_items.append(_items(vs))
+            n += len(ks)
+            size += len(key_items[-1]) + len(value_items[-1])
+            per_entry = max(1, size // n)
+        if n:
+            head = _array_header(n)
+            yield b"".join([b"\x92", head, *key_items, head, *value_items])
+            count = max(1, min(_MAX_PART_ENTRIES, n * PACED_PART_BYTES // max(1, size)))
