@@ -13,6 +13,7 @@ time mode, output mode and partition count) over one empty file in a scratch dir
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -113,7 +114,19 @@ def prime_operator_state(spark: Any, target: BlobStore, target_location: str, *,
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
-        shutil.rmtree(work, ignore_errors=True)
+        _remove_when_quiet(work)
+
+
+def _remove_when_quiet(path: str, quiet_s: float = 0.5, limit_s: float = 15.0) -> None:
+    """Remove the priming run's directory once nothing writes into it any more: a task of its
+    next batch, cancelled by ``stop()``, can still be writing (and recreating directories) for
+    a moment after ``stop()`` returns."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(quiet_s)
+        if not os.path.exists(path) or time.monotonic() > deadline:
+            return
 
 
 def _await_commit(query: Any, checkpoint: BlobStore) -> None:
