@@ -86,11 +86,11 @@ def test_rocksdb_fires_without_stepping_over_fired_timers(tmp_path, same_time):
         backend.dispose()
 
 
-def _model_run(queue, seed, keys=40, steps=3_000):
-    """Random adds, removes and polls against a sorted list of (timestamp, key) pairs."""
+def _model_run(queue, seed, keys=40, steps=3_000, model=None, limit=0):
+    """Random adds, removes and polls against a sorted list of (timestamp, key) pairs (``model``:
+    what the queue holds at the start)."""
     rng = random.Random(seed)
-    model: set[tuple[int, int]] = set()
-    limit = 0
+    model = set() if model is None else model
     for _ in range(steps):
         op = rng.random()
         key, ts = rng.randrange(keys), limit + rng.randrange(-5, 40)
@@ -205,6 +205,41 @@ def test_heap_queue_rebuilds_during_a_pending_snapshot():
             restored.dispose()
     finally:
         backend.dispose()
+
+
+@pytest.mark.parametrize("kind", ["heap", "rocksdb-heap"])
+def test_restored_heap_queue_merges_its_sorted_run_with_new_timers(tmp_path, kind):
+    """A restored (or rebuilt) heap queue keeps what the table held as sorted arrays and what is
+    added later in a sorted list: random adds, removes and polls over both — several timers per
+    key, equal timestamps in both, stale entries in both, the arrays run out — stay the model's
+    sorted set."""
+    def make():
+        if kind == "heap":
+            return _backend(HashMapStateBackend(), max_parallelism=4)
+        factory = EmbeddedRocksDBStateBackend()
+        factory.set_db_storage_paths(str(tmp_path / f"db-{random.random()}"))
+        factory.set_priority_queue_state_type("HEAP")
+        return _backend(factory, max_parallelism=4)
+
+    rng = random.Random(5)
+    model = {(rng.randrange(-5, 60), rng.randrange(40)) for _ in range(400)}
+    backend = make()
+    try:
+        queue = backend.timer_queue(EVENT_TIMERS)
+        for timestamp, key in model:
+            queue.add(key, timestamp)
+        access = CheckpointStorageAccess(MemoryBlobStore(), "memory://t", 0)
+        handle = backend.snapshot(1, access.streams(1, "t")).run()
+    finally:
+        backend.dispose()
+    restored = make()
+    try:
+        restored.restore([handle], access.reader())
+        queue = restored.timer_queue(EVENT_TIMERS, create=False)
+        assert len(queue._run_stamps) == len(model)  # restored as the sorted run
+        _model_run(queue, seed=3, steps=4_000, model=set(model), limit=-10)
+    finally:
+        restored.dispose()
 
 
 @pytest.mark.parametrize("bad", [[], [3, 2], [4, 4], [True], [1.0], [2**63], [-(2**63) - 1], (1,),
