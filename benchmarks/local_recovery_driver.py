@@ -29,6 +29,16 @@ def _id(path: Path) -> int:
     return int(path.name[len("chk-"):])
 
 
+def _walk(fn: Any) -> Any:
+    """``fn()`` over the checkpoint directory, again when a file or directory it walked was
+    deleted meanwhile (the coordinator's cleaner thread deletes subsumed checkpoints)."""
+    while True:
+        try:
+            return fn()
+        except FileNotFoundError:
+            continue
+
+
 def _function(checkpoints: Path) -> Any:
     from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
 
@@ -48,15 +58,16 @@ def _function(checkpoints: Path) -> Any:
                 MARKS.setdefault("restored", float(self.value.value() is not None))
                 return ()
             if "filled" not in MARKS:  # the newest checkpoint begun so far
-                MARKS["filled"] = max((_id(p) for p in checkpoints.rglob("chk-*")), default=0)
+                MARKS["filled"] = _walk(lambda: max(
+                    (_id(p) for p in checkpoints.rglob("chk-*")), default=0))
             # checkpoint ``filled + 1`` may have begun before the fill ended; the one after it not
-            done = [m for m in checkpoints.rglob("chk-*/_metadata")
-                    if _id(m.parent) >= MARKS["filled"] + 2]
+            done = _walk(lambda: [m.parent for m in checkpoints.rglob("chk-*/_metadata")
+                                  if _id(m.parent) >= MARKS["filled"] + 2])
             if done:
-                newest = done[0].parent
-                MARKS["bytes"] = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file()) \
-                    + sum(f.stat().st_size for f in (newest.parent / "shared").rglob("*")
-                          if f.is_file())
+                newest = max(done, key=_id)
+                MARKS["bytes"] = _walk(lambda: sum(
+                    f.stat().st_size for d in (newest, newest.parent / "shared")
+                    for f in d.rglob("*") if f.is_file()))
                 MARKS["failure"] = time.perf_counter()
                 raise RuntimeError("injected failure")
             time.sleep(0.005)
