@@ -20,11 +20,23 @@ ITEMS = [(f"user{i % 13}", i) for i in range(4000)]  # from 1000 on: up to 6 s f
 TASKS = ("keyed-process-0", "keyed-process-1")
 
 
+def walked(fn):
+    """``fn()``, again while the files it walks vanish under it (a job's cleaner thread deletes
+    subsumed checkpoints, and local copies are pruned, while the job runs)."""
+    while True:
+        try:
+            return fn()
+        except FileNotFoundError:
+            continue
+
+
 def remote_state_files(chk: Path):
     """The state files of complete checkpoints in checkpoint storage (not ``_metadata``)."""
-    done = {m.parent for m in chk.rglob("chk-*/_metadata")}
-    return [f for f in chk.rglob("*") if f.is_file() and f.name != "_metadata"
-            and (f.parent in done or f.parent.name == "shared")]
+    def files():
+        done = {m.parent for m in chk.rglob("chk-*/_metadata")}
+        return [f for f in chk.rglob("*") if f.is_file() and f.name != "_metadata"
+                and (f.parent in done or f.parent.name == "shared")]
+    return walked(files)
 
 
 def local_copies(root: Path):
@@ -34,11 +46,11 @@ def local_copies(root: Path):
 
 def copies_ready(root: Path, first: int = 1) -> bool:
     """Both tasks have a copy of checkpoint ``first`` or later, and each holds state."""
-    copies = local_copies(root)
-    return len(copies) == 2 and all(
+    copies = walked(lambda: local_copies(root))
+    return len(copies) == 2 and walked(lambda: all(
         int(c.name[len("chk-"):]) >= first
         and any(f.stat().st_size for f in c.rglob("*") if f.is_file() and f.name != "_local")
-        for c in copies)
+        for c in copies))
 
 
 class Failing(KeyedProcessFunction):
