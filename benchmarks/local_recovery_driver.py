@@ -29,18 +29,9 @@ def _id(path: Path) -> int:
     return int(path.name[len("chk-"):])
 
 
-def _walk(fn: Any) -> Any:
-    """``fn()`` over the checkpoint directory, again when a file or directory it walked was
-    deleted meanwhile (the coordinator's cleaner thread deletes subsumed checkpoints)."""
-    while True:
-        try:
-            return fn()
-        except FileNotFoundError:
-            continue
-
-
 def _function(checkpoints: Path) -> Any:
     from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
+    from statekit.testing.files import walked
 
     class FillFailRestart(KeyedProcessFunction):
         def open(self, ctx: Any) -> None:
@@ -58,14 +49,14 @@ def _function(checkpoints: Path) -> Any:
                 MARKS.setdefault("restored", float(self.value.value() is not None))
                 return ()
             if "filled" not in MARKS:  # the newest checkpoint begun so far
-                MARKS["filled"] = _walk(lambda: max(
+                MARKS["filled"] = walked(lambda: max(
                     (_id(p) for p in checkpoints.rglob("chk-*")), default=0))
             # checkpoint ``filled + 1`` may have begun before the fill ended; the one after it not
-            done = _walk(lambda: [m.parent for m in checkpoints.rglob("chk-*/_metadata")
+            done = walked(lambda: [m.parent for m in checkpoints.rglob("chk-*/_metadata")
                                   if _id(m.parent) >= MARKS["filled"] + 2])
             if done:
                 newest = max(done, key=_id)
-                MARKS["bytes"] = _walk(lambda: sum(
+                MARKS["bytes"] = walked(lambda: sum(
                     f.stat().st_size for d in (newest, newest.parent / "shared")
                     for f in d.rglob("*") if f.is_file()))
                 MARKS["failure"] = time.perf_counter()

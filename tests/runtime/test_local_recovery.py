@@ -14,20 +14,11 @@ from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.handles import file_paths
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import ConfigError, CorruptCheckpointError
+from statekit.testing.files import walked
 from tests.runtime.envs import env_for, expected_final, final_of
 
 ITEMS = [(f"user{i % 13}", i) for i in range(4000)]  # from 1000 on: up to 6 s for a checkpoint
 TASKS = ("keyed-process-0", "keyed-process-1")
-
-
-def walked(fn):
-    """``fn()``, again while the files it walks vanish under it (a job's cleaner thread deletes
-    subsumed checkpoints, and local copies are pruned, while the job runs)."""
-    while True:
-        try:
-            return fn()
-        except FileNotFoundError:
-            continue
 
 
 def remote_state_files(chk: Path):

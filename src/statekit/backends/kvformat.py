@@ -245,8 +245,6 @@ def log_chunks(name: str, entry: dict[str, Any], reader: StateReader,
 # --- plain entries ---------------------------------------------------------------------------------
 
 
-#: ``take(count)``: the next ``count`` entries of a state as ``(keys, values)`` lists (possibly
-#: fewer), None when there are no more
 def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
                       parts: Iterable[bytes], *, shared_name: str | None = None) -> PlainEntry:
     """Write the parts of one plain state entry (each written while the next is produced)."""

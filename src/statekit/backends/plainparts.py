@@ -20,7 +20,8 @@ PACE_SLICE = 2048
 #: steps is one copy under the GIL) and the most bytes one step packs
 PACED_PART_BYTES, PACED_STEP_BYTES = 4 * 1024 * 1024, 512 * 1024
 
-
+#: ``take(count)``: the next ``count`` entries of a state as ``(keys, values)`` lists (possibly
+#: fewer), None when there are no more
 Take = Callable[[int], "tuple[list[Any], list[Any]] | None"]
 
 

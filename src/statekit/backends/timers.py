@@ -258,12 +258,13 @@ class HeapTimerQueue(TimerQueue):
         while True:
             order, run, cursor = self._order, self._run_stamps, self._cursor
             settled = cursor < len(run)
-            if settled and (not order or int(run[cursor]) <= order[0][0]):
+            if settled:
                 timestamp = int(run[cursor])
+                settled = not order or timestamp <= order[0][0]
+            if settled:
                 key = self._run_keys[self._run_owner[cursor]]
             elif order:
                 timestamp, _, key = order[0]
-                settled = False
             else:
                 return None
             stamps = self._get(key)
