@@ -14,6 +14,7 @@ from statekit.runtime.functions import Function
 from statekit.spark.adapters import build_spec
 from statekit.spark.clock import has_watermark, refusal, watermark_of
 from statekit.spark.clock import time_mode as time_mode_of
+from statekit.spark.held import HeldOutput, flushing_operator, holds
 from statekit.spark.session import statekit_workers
 from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
@@ -86,7 +87,10 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                None if mode == "EventTime" or has_watermark(grouped_df._df) else _NO_WATERMARK))
 
     class StatekitProcessor(StatefulProcessor):
-        """Bridges Spark's per-key calls to the statekit function and partition store."""
+        """Bridges Spark's per-key calls to the statekit function and partition store; the
+        output is held across keys (:mod:`statekit.spark.held`)."""
+
+        held_output: HeldOutput | None = None
 
         def init(self, handle: Any) -> None:
             from pyspark import TaskContext
@@ -95,6 +99,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             self.fired = False
             if TaskContext.get() is None:  # Spark's schema-collecting run on the driver
                 return
+            self.held_output = HeldOutput(rows_api=False) if holds(self) else None
             self.task = PartitionTask(spec, TaskInfo.current(), refusal=refuse)
             self.task.firing = None
             _patch_client(handle, self.task, mode)
@@ -108,17 +113,24 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                 return
             task.set_time(int(timer_values.getCurrentProcessingTimeInMs()),
                           watermark_of(timer_values.getCurrentWatermarkInMs()))
-            yield from _frames(task.fire_due(), spec)
+            yield from self._out(_frames(task.fire_due(), spec))
+
+        def _out(self, frames: Iterator[Any]) -> Iterator[Any]:
+            held = self.held_output
+            return frames if held is None else held.add(frames)
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
                             ) -> Iterator[Any]:
+            if not self.fired:
+                yield from self._due_first(timerValues)
+            k = key[0] if len(key) == 1 else tuple(key)
+            yield from self._out(self._outputs(k, rows))
+
+        def _outputs(self, k: Any, rows: Iterator[Any]) -> Iterator[Any]:
             from statekit.spark.frames import key_chunks, rows_frame
 
             task = self.task
             assert task is not None
-            if not self.fired:
-                yield from self._due_first(timerValues)
-            k = key[0] if len(key) == 1 else tuple(key)
             if spec.vectorized:
                 for frame in rows:
                     out = task.process_frame(frame, k)
@@ -135,13 +147,15 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             task = self.task
             assert task is not None
             out, task.firing = task.firing, None  # what the timer phase's iterator fired
-            yield from _frames(out, spec)
+            yield from self._out(_frames(out, spec))
 
         def close(self) -> None:
             if self.task is not None:
+                if self.held_output is not None:
+                    self.held_output.check_drained()
                 self.task.commit()
 
-    with statekit_workers(spark, spec.worker_python):
+    with statekit_workers(spark, spec.worker_python), flushing_operator():
         # Spark's own method: the compat switch (spark.statekit.compat.enabled) routes
         # GroupedData's to statekit's Spark-API layer, which is not this adapter
         from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin as Spark

@@ -20,6 +20,7 @@ from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext
 from statekit.spark.adapters import build_spec
 from statekit.spark.clock import has_watermark
 from statekit.spark.clock import time_mode as time_mode_of
+from statekit.spark.held import HeldOutput, flushing_operator, holds
 from statekit.spark.session import ROCKSDB_PROVIDER, statekit_workers
 from statekit.spark.task import PartitionTask, TaskInfo
 from statekit.spark.transform import _patch_client
@@ -112,7 +113,10 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
     spec, schema = build_spec(spark, function, [], output_schema, operator_id, None, grouped_df)
 
     class StatekitBridge(StatefulProcessor):
-        """Spark's processor: statekit state for the user's code, committed per partition."""
+        """Spark's processor: statekit state for the user's code, committed per partition.
+        The user's output is held across keys (:mod:`statekit.spark.held`)."""
+
+        held_output: HeldOutput | None = None
 
         def init(self, handle: Any) -> None:
             from pyspark import TaskContext
@@ -120,6 +124,7 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
             self.task: PartitionTask | None = None
             if TaskContext.get() is None:  # Spark's schema-collecting run on the driver
                 return
+            self.held_output = HeldOutput(rows_api) if holds(self) else None
             task = self.task = PartitionTask(spec, TaskInfo.current())
             task.firing = None
             _patch_client(handle, task, mode, watermark_from=int)
@@ -137,9 +142,14 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
             task.backend.set_current_key(state_key(key))
             return spark_key(state_key(key))
 
+        def _out(self, outputs: Iterable[Any]) -> Iterator[Any]:
+            held = self.held_output
+            return iter(outputs) if held is None else held.add(outputs)
+
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
                             ) -> Iterator[Any]:
-            yield from self.function.on_input(self._key(key, timerValues), rows, timerValues)
+            yield from self._out(self.function.on_input(self._key(key, timerValues), rows,
+                                                        timerValues))
 
         def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
             self.function.on_initial_state(self._key(key, timerValues), initialState,
@@ -150,18 +160,20 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
             task = self.task
             assert task is not None
             out, task.firing = task.firing, None  # what the timer phase's iterator fired
-            yield from out or ()
+            yield from self._out(out or ())
 
         def close(self) -> None:
             if self.task is not None:
                 self.function.end()
+                if self.held_output is not None:
+                    self.held_output.check_drained()
                 self.task.commit()
 
     # Spark's own method, not the one the switch routes here
     from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin as Spark
 
     api = Spark.transformWithState if rows_api else Spark.transformWithStateInPandas
-    with statekit_workers(spark, spec.worker_python):
+    with statekit_workers(spark, spec.worker_python), flushing_operator():
         return api(grouped_df, statefulProcessor=StatekitBridge(), outputStructType=schema,
                    outputMode=output_mode, timeMode=mode, initialState=initial_state,
                    eventTimeColumnName=event_time_column_name or "")
