@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
-from pyspark.sql.streaming import StatefulProcessor
 
 import statekit.spark.held as held_module
 from statekit.errors import StatekitError
 from statekit.spark.compat import disable, enable
 from statekit.spark.held import HeldOutput, flushing_operator, holds
 from tests.spark import jobs
+from tests.spark.compat.test_switch import Counter
 
 pytestmark = pytest.mark.spark
 BIG = 2**60 + 1  # an int64 a float64 cannot hold exactly
@@ -83,19 +83,16 @@ def test_output_still_held_at_the_end_fails_the_task():
     held.check_drained()
 
 
-class Counter(StatefulProcessor):
-    """Spark's API: a running count per key; one frame per call, of two dtypes."""
-
-    def init(self, handle):
-        self.n = handle.getValueState("n", "n long")
+class TwoKinds(Counter):
+    """Spark's API: the running count of ``Counter``, one frame per call, of two dtypes."""
 
     def handleInputRows(self, key, rows, timerValues):
-        n = (self.n.get() or (0,))[0] + sum(len(pdf) for pdf in rows)
-        self.n.update((n,))
-        if key[0].endswith("7"):
-            yield pd.DataFrame({"key": [key[0]], "c": [float(n)], "t": [float("nan")]})
-        else:
-            yield pd.DataFrame({"key": [key[0]], "c": [n], "t": [BIG + n]})
+        for out in super().handleInputRows(key, rows, timerValues):
+            n = int(out["n"].iloc[0])
+            if key[0].endswith("7"):
+                yield pd.DataFrame({"key": [key[0]], "c": [float(n)], "t": [float("nan")]})
+            else:
+                yield pd.DataFrame({"key": [key[0]], "c": [n], "t": [BIG + n]})
 
 
 def test_pyspark_builds_the_operator_with_the_flushing_driver(spark):
@@ -103,12 +100,12 @@ def test_pyspark_builds_the_operator_with_the_flushing_driver(spark):
 
     original = util.TransformWithStateInPandasUdfUtils
     grouped = spark.readStream.format("rate").load().groupBy("value")
-    marked = Counter()
+    marked = TwoKinds()
     marked.held_output = None
     with flushing_operator():
         grouped.transformWithStateInPandas(marked, "value long", "Update", "None")
     assert holds(marked)
-    plain = Counter()
+    plain = TwoKinds()
     grouped.transformWithStateInPandas(plain, "value long", "Update", "None")
     assert not holds(plain)  # Spark's own operator: nothing held, nothing changed
     assert util.TransformWithStateInPandasUdfUtils is original
@@ -133,7 +130,7 @@ def test_every_row_arrives_once_and_exact_across_the_limit(spark, tmp_path, api)
     spark.conf.set("spark.statekit.state.backend.type", "rocksdb")
     try:
         source = spark.readStream.schema("key string, v long").parquet(str(tmp_path / "in"))
-        (source.groupBy("key").transformWithStateInPandas(Counter(), jobs.OUTPUT, "Update", "None")
+        (source.groupBy("key").transformWithStateInPandas(TwoKinds(), jobs.OUTPUT, "Update", "None")
          .writeStream.foreachBatch(sink).outputMode("update")
          .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True)
          .start().awaitTermination())
