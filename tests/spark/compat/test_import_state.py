@@ -123,6 +123,9 @@ def jobs_key(key):
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["pandas-light", "apply-light"])
 def test_import_at_a_million_keys(spark, tmp_path, api):
+    """A million keys of state imported into each backend (``make test-slow``: about 52 minutes
+    on 2 cores, 32 of them for the processor with a timer per key, most of it in Spark's own
+    native batches)."""
     keys = int(os.environ.get("STATEKIT_IMPORT_KEYS", 1_000_000))
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     try:
