@@ -109,7 +109,7 @@ def _utils_class() -> type:
     return HeldOutputUdfUtils
 
 
-_CLASS: list[type] = []
+_MAKE = threading.Lock()
 _SWAP = threading.Lock()
 
 
@@ -118,9 +118,11 @@ def __getattr__(name: str) -> Any:
     # extra); pickles name it as this module's attribute, which resolves here on the executors
     if name != "HeldOutputUdfUtils":
         raise AttributeError(name)
-    if not _CLASS:
-        _CLASS.append(_utils_class())
-    return _CLASS[0]
+    with _MAKE:  # one class per process, whichever thread asks first; then a module global
+        cls = globals().get(name)
+        if cls is None:
+            cls = globals()[name] = _utils_class()
+        return cls
 
 
 @contextmanager
