@@ -13,7 +13,7 @@ from pyspark import cloudpickle
 import statekit.spark.held as held_module
 from statekit.errors import StatekitError
 from statekit.spark.compat import disable, enable
-from statekit.spark.held import HeldOutput, flushing_operator, holds
+from statekit.spark.held import HeldOutput, HoldingProcessor, flushing_operator, holds
 from tests.spark import jobs
 from tests.spark.compat.test_switch import Counter
 
@@ -100,12 +100,15 @@ def test_pyspark_builds_the_operator_with_the_flushing_driver(spark):
 
     original = util.TransformWithStateInPandasUdfUtils
     grouped = spark.readStream.format("rate").load().groupBy("value")
-    marked = TwoKinds()
-    marked.held_output = None
+
+    class Holding(TwoKinds, HoldingProcessor):
+        pass
+
+    marked = Holding()
     with flushing_operator():
         grouped.transformWithStateInPandas(marked, "value long", "Update", "None")
     assert holds(marked)
-    plain = TwoKinds()
+    plain = Holding()
     grouped.transformWithStateInPandas(plain, "value long", "Update", "None")
     assert not holds(plain)  # Spark's own operator: nothing held, nothing changed
     assert util.TransformWithStateInPandasUdfUtils is original

@@ -86,6 +86,28 @@ def holds(processor: Any) -> bool:
     return bool(getattr(processor, MARK, False))
 
 
+class HoldingProcessor:
+    """What a statekit processor on the transformWithState operator adds to hold its output:
+    :meth:`start_holding` in ``init`` on an executor, :meth:`held` around each call's output,
+    :meth:`check_drained` in ``close``."""
+
+    held_output: HeldOutput | None = None
+
+    def start_holding(self, rows_api: bool) -> None:
+        """Hold output from now on, if this task's operator flushes it."""
+        self.held_output = HeldOutput(rows_api) if holds(self) else None
+
+    def held(self, outputs: Iterable[Any]) -> Iterator[Any]:
+        """A call's outputs as they go to PySpark now (all of them where nothing is held)."""
+        held = self.held_output
+        return iter(outputs) if held is None else held.add(outputs)
+
+    def check_drained(self) -> None:
+        """At ``close``: fail the task rather than lose output PySpark did not take."""
+        if self.held_output is not None:
+            self.held_output.check_drained()
+
+
 def _utils_class() -> type:
     from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasUdfUtils
 
@@ -95,7 +117,7 @@ def _utils_class() -> type:
 
         def __init__(self, stateful_processor: Any, time_mode: str) -> None:
             super().__init__(stateful_processor, time_mode)
-            if hasattr(stateful_processor, "held_output"):
+            if isinstance(stateful_processor, HoldingProcessor):
                 setattr(stateful_processor, MARK, True)
 
         def _handle_expired_timers(self, client: Any) -> Iterator[Any]:

@@ -14,7 +14,7 @@ from statekit.runtime.functions import Function
 from statekit.spark.adapters import build_spec
 from statekit.spark.clock import has_watermark, refusal, watermark_of
 from statekit.spark.clock import time_mode as time_mode_of
-from statekit.spark.held import HeldOutput, flushing_operator, holds
+from statekit.spark.held import HoldingProcessor, flushing_operator
 from statekit.spark.session import statekit_workers
 from statekit.spark.task import AdapterSpec, PartitionTask, TaskInfo
 
@@ -86,11 +86,9 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
         event=(_NO_TIME_MODE if mode == "None" else
                None if mode == "EventTime" or has_watermark(grouped_df._df) else _NO_WATERMARK))
 
-    class StatekitProcessor(StatefulProcessor):
+    class StatekitProcessor(StatefulProcessor, HoldingProcessor):
         """Bridges Spark's per-key calls to the statekit function and partition store; the
         output is held across keys (:mod:`statekit.spark.held`)."""
-
-        held_output: HeldOutput | None = None
 
         def init(self, handle: Any) -> None:
             from pyspark import TaskContext
@@ -99,7 +97,7 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             self.fired = False
             if TaskContext.get() is None:  # Spark's schema-collecting run on the driver
                 return
-            self.held_output = HeldOutput(rows_api=False) if holds(self) else None
+            self.start_holding(rows_api=False)
             self.task = PartitionTask(spec, TaskInfo.current(), refusal=refuse)
             self.task.firing = None
             _patch_client(handle, self.task, mode)
@@ -113,18 +111,14 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
                 return
             task.set_time(int(timer_values.getCurrentProcessingTimeInMs()),
                           watermark_of(timer_values.getCurrentWatermarkInMs()))
-            yield from self._out(_frames(task.fire_due(), spec))
-
-        def _out(self, frames: Iterator[Any]) -> Iterator[Any]:
-            held = self.held_output
-            return frames if held is None else held.add(frames)
+            yield from self.held(_frames(task.fire_due(), spec))
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
                             ) -> Iterator[Any]:
             if not self.fired:
                 yield from self._due_first(timerValues)
             k = key[0] if len(key) == 1 else tuple(key)
-            yield from self._out(self._outputs(k, rows))
+            yield from self.held(self._outputs(k, rows))
 
         def _outputs(self, k: Any, rows: Iterator[Any]) -> Iterator[Any]:
             from statekit.spark.frames import key_chunks, rows_frame
@@ -147,12 +141,11 @@ def transform_with_state(grouped_df: Any, function: Function, output_schema: Any
             task = self.task
             assert task is not None
             out, task.firing = task.firing, None  # what the timer phase's iterator fired
-            yield from self._out(_frames(out, spec))
+            yield from self.held(_frames(out, spec))
 
         def close(self) -> None:
             if self.task is not None:
-                if self.held_output is not None:
-                    self.held_output.check_drained()
+                self.check_drained()
                 self.task.commit()
 
     with statekit_workers(spark, spec.worker_python), flushing_operator():

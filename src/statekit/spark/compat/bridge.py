@@ -20,7 +20,7 @@ from statekit.runtime.functions import KeyedProcessFunction, RuntimeContext
 from statekit.spark.adapters import build_spec
 from statekit.spark.clock import has_watermark
 from statekit.spark.clock import time_mode as time_mode_of
-from statekit.spark.held import HeldOutput, flushing_operator, holds
+from statekit.spark.held import HoldingProcessor, flushing_operator
 from statekit.spark.session import ROCKSDB_PROVIDER, statekit_workers
 from statekit.spark.task import PartitionTask, TaskInfo
 from statekit.spark.transform import _patch_client
@@ -112,11 +112,9 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
                                         f"it, or switch with statekit.spark.compat.enable(spark)")
     spec, schema = build_spec(spark, function, [], output_schema, operator_id, None, grouped_df)
 
-    class StatekitBridge(StatefulProcessor):
+    class StatekitBridge(StatefulProcessor, HoldingProcessor):
         """Spark's processor: statekit state for the user's code, committed per partition.
         The user's output is held across keys (:mod:`statekit.spark.held`)."""
-
-        held_output: HeldOutput | None = None
 
         def init(self, handle: Any) -> None:
             from pyspark import TaskContext
@@ -124,7 +122,7 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
             self.task: PartitionTask | None = None
             if TaskContext.get() is None:  # Spark's schema-collecting run on the driver
                 return
-            self.held_output = HeldOutput(rows_api) if holds(self) else None
+            self.start_holding(rows_api)
             task = self.task = PartitionTask(spec, TaskInfo.current())
             task.firing = None
             _patch_client(handle, task, mode, watermark_from=int)
@@ -142,13 +140,9 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
             task.backend.set_current_key(state_key(key))
             return spark_key(state_key(key))
 
-        def _out(self, outputs: Iterable[Any]) -> Iterator[Any]:
-            held = self.held_output
-            return iter(outputs) if held is None else held.add(outputs)
-
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
                             ) -> Iterator[Any]:
-            yield from self._out(self.function.on_input(self._key(key, timerValues), rows,
+            yield from self.held(self.function.on_input(self._key(key, timerValues), rows,
                                                         timerValues))
 
         def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
@@ -160,13 +154,12 @@ def run(grouped_df: Any, function: CompatFunction, output_schema: Any, output_mo
             task = self.task
             assert task is not None
             out, task.firing = task.firing, None  # what the timer phase's iterator fired
-            yield from self._out(out or ())
+            yield from self.held(out or ())
 
         def close(self) -> None:
             if self.task is not None:
                 self.function.end()
-                if self.held_output is not None:
-                    self.held_output.check_drained()
+                self.check_drained()
                 self.task.commit()
 
     # Spark's own method, not the one the switch routes here
