@@ -522,6 +522,81 @@ def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -
     assert clock.slept == [2.0, 1.0, 0.5]
 
 
+def test_a_pacer_following_another_goes_on_from_its_turn(monkeypatch: Any) -> None:
+    """The writer's pacer takes over from the copy phase's (hurried) pacer: its first turn starts
+    where that one's last ended, and it keeps what that one saw (an idle processing thread), so
+    it does not yield once more for the whole copy phase."""
+    from statekit.backends.heap import snapshot as heap_module
+
+    class FakeTime:
+        now = 0.0
+        slept: list[float] = []
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.slept.append(seconds)
+
+    clock = FakeTime()
+    monkeypatch.setattr(heap_module, "time", clock)
+    pacer = heap_module._Pacer(1.0, lambda: 7)  # the processing thread stays on key 7: idle
+    clock.now = 5.0
+    hurried = pacer.hurried()
+    clock.now = 6.0
+    hurried()  # its first turn: it yields once and sees the processing thread idle
+    clock.now = 10.0
+    hurried()  # idle: full speed
+    assert clock.slept == [1.0]
+    pacer.follow(hurried)
+    clock.now = 10.5
+    pacer()  # without ``follow`` this turn would span 0 .. 10.5 and yield 10.5
+    assert clock.slept == [1.0]
+
+
+@pytest.mark.parametrize("on_taker", [True, False])
+def test_a_snapshot_written_by_the_thread_that_took_it_is_not_paced(
+        monkeypatch: Any, on_taker: bool) -> None:
+    """Pacing leaves the GIL to the processing thread, so a snapshot written by that thread
+    itself (a Spark task's commit) never sleeps; one written by a transfer thread beside a busy
+    processing thread does."""
+    from statekit.backends.heap import snapshot as heap_module
+
+    slept: list[float] = []
+    monkeypatch.setattr(heap_module, "PACE_TURN", 0.0)  # every step ends a turn
+    monkeypatch.setattr(heap_module.time, "sleep", slept.append)
+    backend = make()
+    populate(backend, 3_000)
+    access = memory_access()
+    run = backend.snapshot(1, access.streams(1, "t"))
+    if on_taker:
+        handle = run.run()
+    else:
+        backend.set_current_key(-1)
+        keys = iter(range(-2, -10**6, -1))
+        monkeypatch.setattr(heap_module._Pacer, "__init__", _moving(
+            heap_module._Pacer.__init__, lambda: backend.set_current_key(next(keys))))
+        out: dict[str, Any] = {}
+        writer = threading.Thread(target=lambda: out.update(handle=run.run()))
+        writer.start()
+        writer.join()
+        handle = out["handle"]
+    access.commit(1, {"tasks": {"t": handle}})
+    assert dump(restore(access, 1), range(3_000)) == dump(backend, range(3_000))
+    assert (slept == []) is on_taker
+
+
+def _moving(init: Any, move: Any) -> Any:
+    """``_Pacer.__init__`` whose key function moves the current key at every look (a busy
+    processing thread)."""
+    def patched(self: Any, ratio: float, current_key: Any) -> None:
+        def looked() -> Any:
+            move()
+            return current_key()
+        init(self, ratio, looked)
+    return patched
+
+
 @pytest.mark.parametrize("entries", [0, 1, 15, 16, 4097, 65535, 65537, 150_000])
 def test_paced_parts_are_the_bytes_packb_writes(entries: int) -> None:
     """A paced part is gathered from short packing steps (the GIL is held briefly) but is the same

@@ -143,6 +143,12 @@ class _Pacer:
         """A pacer yielding at most as long as each turn took (not ``ratio`` times)."""
         return _Pacer(min(1.0, self.ratio), self._current)
 
+    def follow(self, other: _Pacer) -> None:
+        """Go on where ``other`` stopped: its turn, and what it saw of the processing thread (a
+        turn counted from this pacer's creation would span all of ``other``'s work, and its
+        yield would be as long)."""
+        self._key, self._idle, self._mark = other._key, other._idle, other._mark
+
     def __call__(self) -> None:
         now = time.perf_counter()
         if now - self._mark < PACE_TURN:
@@ -242,17 +248,20 @@ class HeapSnapshotStrategy:
         if self.incremental:
             self.materialize, self.changed = backend.begin_attempt(self.checkpoint_id, tables)
 
-    def _copied(self, pace: Callable[[], None] | None) -> list[tuple[HeapTable, Any]]:
+    def _copied(self, pace: _Pacer | None) -> list[tuple[HeapTable, Any]]:
         """First step of an asynchronous snapshot: every capture of immutable values is copied
         out and released before any state is written, so the live tables take their fast path
         again after this short window (a shorter pause between copy steps: live writes take the
         slow path until then); changelogs and mutable values read their captures while pending."""
         hurried = None if pace is None else pace.hurried()
-        return [(table, view.copy_out(hurried) if isinstance(view, Capture) and table.immutable
-                 and (self.savepoint or self.materialize) else view)
-                for table, view in self.views]
+        copied = [(table, view.copy_out(hurried) if isinstance(view, Capture) and table.immutable
+                   and (self.savepoint or self.materialize) else view)
+                  for table, view in self.views]
+        if pace is not None and hurried is not None:
+            pace.follow(hurried)
+        return copied
 
-    def produce(self, pace: Callable[[], None] | None) -> list[Part]:
+    def produce(self, pace: _Pacer | None) -> list[Part]:
         """What this snapshot writes, one ``Part`` per state (registered or only restored)."""
         out: list[Part] = []
         maxp = self.backend.max_parallelism
@@ -364,6 +373,7 @@ class ThreadSnapshotRun(SnapshotRun):
     def __init__(self, strategy: HeapSnapshotStrategy) -> None:
         super().__init__()
         self._strategy = strategy
+        self._taker = threading.get_ident()  # the processing thread, which took the snapshot
         self._lock = threading.Lock()
         self._state = "new"  # -> running | cancelled
         for data in strategy.restored.values():
@@ -379,8 +389,9 @@ class ThreadSnapshotRun(SnapshotRun):
             self._state = "running"
         strategy = self._strategy
         backend = strategy.backend
+        # pacing leaves the GIL to the processing thread: not when that thread is the writer
         pace = (_Pacer(backend.pace_ratio, lambda: backend.current_key)
-                if backend.pace_ratio > 0 else None)
+                if backend.pace_ratio > 0 and threading.get_ident() != self._taker else None)
         try:
             return strategy.finish(strategy.produce(pace))
         finally:
