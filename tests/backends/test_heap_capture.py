@@ -28,6 +28,7 @@ from statekit import (
 )
 from statekit.backends.bulk import BulkState
 from statekit.backends.heap import HeapKeyedStateBackend
+from statekit.backends.heap import table as table_module
 from statekit.backends.heap.table import Capture
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import CheckpointError
@@ -39,6 +40,15 @@ COUNT = ValueStateDescriptor("c", Types.LONG())
 NAMES = ValueStateDescriptor("n", Types.MAP(Types.STRING(), Types.LONG()))  # mutable values
 LIST = ListStateDescriptor("l", Types.LONG())
 MAP = MapStateDescriptor("m", Types.STRING(), Types.LONG())
+
+
+@pytest.fixture(autouse=True, params=["one dict", "sharded"])
+def saved_values(request: Any, monkeypatch: Any) -> str:
+    """Every case twice: values saved since a capture in one dict (a small table), and spread
+    over many (a big table's: here two keys per shard)."""
+    if request.param == "sharded":
+        monkeypatch.setattr(table_module, "UNDO_SHARD_KEYS", 2)
+    return str(request.param)
 
 
 def make(**kw: Any) -> HeapKeyedStateBackend:
@@ -326,7 +336,7 @@ def test_nothing_a_snapshot_holds_is_scanned_by_the_garbage_collector() -> None:
     for k in range(0, 10_000, 3):  # changed while the capture is pending: old values saved
         backend.set_current_key(k)
         c.update(-k)
-    assert len(cap.undo) == 3334 and not gc.is_tracked(cap.undo)
+    assert sum(map(len, cap.shards)) == 3334 and not any(map(gc.is_tracked, cap.shards))
     copied = cap.copy_out(None)
     assert not backend.tables["c"].snaps  # released: the live side's fast path is back
     assert copied.chunks and not any(gc.is_tracked(part) for chunk in copied.chunks
@@ -369,3 +379,31 @@ def test_staged_keys_are_folded_in_steps_and_stay_readable() -> None:
     backend.set_current_key(keys - 1)
     c.update(7)  # written to the live dict directly again
     assert table.data[keys - 1] == 7
+
+
+def test_no_dict_of_saved_values_outgrows_its_share(saved_values: str) -> None:
+    """A big table's capture spreads the values saved meanwhile over dicts of at most about
+    ``UNDO_SHARD_KEYS`` keys each, even when every key changes (one big dict resizes in a single
+    C call: 23 ms at 700k entries, a pause of the processing thread); the snapshot still sees
+    every value as it was at capture."""
+    n = 100_000
+    backend = make()
+    c, *_ = states(backend)
+    for k in range(n):
+        backend.set_current_key(k)
+        c.update(k)
+    acc = access()
+    run = backend.snapshot(1, acc.streams(1, "t"))
+    cap = backend.tables["c"].snaps[0]
+    for k in range(n):  # every key changes while the capture is pending
+        backend.set_current_key(k)
+        c.update(-k)
+    share = table_module.UNDO_SHARD_KEYS
+    # the fewest dicts (a power of two) of ``share`` keys that hold every key of the table
+    assert len(cap.shards) == (65_536 if saved_values == "sharded" else 4)
+    assert sum(map(len, cap.shards)) == n and max(map(len, cap.shards)) <= share
+    handle = run.run()
+    acc.commit(1, {"tasks": {"t": handle}})
+    assert restored(acc, handle, range(0, n, 997))["c"] == {k: k for k in range(0, n, 997)}
+    backend.set_current_key(5)
+    assert c.value() == -5

@@ -117,7 +117,7 @@ def check_snapshot_mode(mode: str, key: str = "state.backend.heap.snapshot-mode"
 
 
 #: the longest the snapshot thread holds the GIL at a stretch while the processing thread works
-PACE_TURN = 0.002
+PACE_TURN = 0.0008
 
 
 class _Pacer:

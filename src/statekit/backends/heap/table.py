@@ -34,6 +34,9 @@ DRAIN_STEP = 8192
 COPY_STEP = 4096
 #: staged keys (and tombstones) :meth:`HeapTable.settle` folds per call
 SETTLE_STEP = 8192
+#: keys of the table per dict of a capture's saved values: no dict of them grows past about this
+#: many (a dict resizes in one C call; at 700k entries that holds the GIL for about 23 ms)
+UNDO_SHARD_KEYS = 1 << 15
 
 
 class Capture:
@@ -50,11 +53,17 @@ class Capture:
     long; the snapshot thread empties ``undo`` in short steps when it ends.
     """
 
-    __slots__ = ("extra", "released", "table", "tombs", "undo")
+    __slots__ = ("extra", "mask", "released", "shards", "table", "tombs", "undo")
 
     def __init__(self, table: HeapTable, extra: dict[Any, Any] | None, tombs: bool) -> None:
         self.table = table
-        self.undo: dict[Any, Any] = {}
+        # saved values, spread by key hash over enough dicts that none outgrows UNDO_SHARD_KEYS
+        # even if every key changes: saving one never resizes a big dict (a pause); ``undo`` is
+        # the only shard of a small table, read in C-level passes
+        count = -(-len(table.data) // UNDO_SHARD_KEYS)
+        self.shards: list[dict[Any, Any]] = [{} for _ in range(1 << max(0, count - 1).bit_length())]
+        self.mask = len(self.shards) - 1
+        self.undo = self.shards[0]
         self.extra = extra
         self.tombs = tombs  # the live dict held tombstones at capture: filter None values
         self.released = False
@@ -83,13 +92,29 @@ class Capture:
         return Copied(self, chunks)
 
     def drain(self, pace: Callable[[], None] | None) -> None:
-        """Free what ``undo`` saved, :data:`DRAIN_STEP` entries per C-level step (freeing a big
+        """Free the saved values, :data:`DRAIN_STEP` entries per C-level step (freeing a big
         dict at once would hold the GIL for milliseconds); after :meth:`HeapTable.release`."""
-        undo = self.undo
-        while undo:
-            deque(starmap(undo.popitem, repeat((), min(len(undo), DRAIN_STEP))), 0)
-            if pace is not None:
-                pace()
+        for undo in self.shards:
+            while undo:
+                deque(starmap(undo.popitem, repeat((), min(len(undo), DRAIN_STEP))), 0)
+                if pace is not None:
+                    pace()
+
+    def saved_for(self, key: Any) -> dict[Any, Any]:
+        """The dict that holds ``key``'s saved value, if any."""
+        return self.shards[hash(key) & self.mask] if self.mask else self.undo
+
+    def corrected(self, ks: list[Any], vs: list[Any]) -> list[Any]:
+        """``vs`` (values read for ``ks``) with the values saved since the capture in their
+        place: one C-level pass with a single dict, one Python-level pass with shards (only
+        while something is saved)."""
+        if not self.mask:
+            undo = self.undo
+            return list(map(undo.get, ks, vs)) if undo else vs
+        if not any(self.shards):
+            return vs
+        shards, mask = self.shards, self.mask
+        return [shards[hash(k) & mask].get(k, v) for k, v in zip(ks, vs, strict=True)]
 
     # --- reading while pending, corrected by ``undo`` ---------------------------------------------
 
@@ -97,7 +122,7 @@ class Capture:
         """The key's value at capture (None if absent); safe while the live table changes: the
         live value is read first and a value saved meanwhile wins."""
         value = self.table.data.get(key)
-        saved = self.undo.get(key, _ABSENT)
+        saved = self.saved_for(key).get(key, _ABSENT)
         if saved is not _ABSENT:
             return saved
         if value is None and self.extra:
@@ -112,16 +137,14 @@ class Capture:
         data = self.table.data
         keys_it, values_it = iter(data), iter(data.values())  # aligned: the size never changes
         extra = self.extra
-        undo = self.undo
         state = {"live": True}
 
         def take(count: int) -> tuple[list[Any], list[Any]] | None:
             if state["live"]:
                 ks = list(islice(keys_it, count))
                 if ks:
-                    vs = list(islice(values_it, len(ks)))
-                    if undo:  # values changed since the capture: the saved ones (C-level)
-                        vs = list(map(undo.get, ks, vs))
+                    # values changed since the capture: the saved ones
+                    vs = self.corrected(ks, list(islice(values_it, len(ks))))
                     if self.tombs:  # (a key removed after the capture has a saved value)
                         ks, vs = _without_none(ks, vs)
                     return ks, vs
@@ -149,7 +172,6 @@ class Copied:
     def reader(self) -> Callable[[int], tuple[list[Any], list[Any]] | None]:
         """``take(count)`` as :meth:`Capture.reader`'s; each chunk is freed once read."""
         chunks, cap = self.chunks, self.cap
-        undo = cap.undo
         state: dict[str, Any] = {"next": 0, "ks": [], "vs": [], "at": 0}
 
         def load() -> bool:
@@ -160,8 +182,7 @@ class Copied:
                 chunks[n] = None
                 assert chunk is not None
                 ks = list(chunk[0])
-                # values changed since the capture: the saved ones (C-level)
-                vs = list(map(undo.get, ks, chunk[1])) if undo else list(chunk[1])
+                vs = cap.corrected(ks, list(chunk[1]))  # values changed since the capture
                 if cap.tombs:
                     ks, vs = _without_none(ks, vs)
             elif n == len(chunks) and cap.extra:
@@ -317,7 +338,7 @@ class HeapTable:
 
     def _save(self, snaps: tuple[Capture, ...], key: Any, old: Any) -> None:
         for cap in snaps:
-            undo = cap.undo
+            undo = cap.saved_for(key)
             if key not in undo:
                 undo[key] = old
 
@@ -344,7 +365,7 @@ class HeapTable:
                 self.staged[key] = value  # type: ignore[index]
                 return
             for cap in snaps:  # (inlined _save: this is the write path during snapshots)
-                undo = cap.undo
+                undo = cap.shards[hash(key) & cap.mask] if cap.mask else cap.undo
                 if key not in undo:
                     undo[key] = old
             data[key] = value
@@ -396,7 +417,7 @@ class HeapTable:
             if self.staged is not None:
                 self.settle()
             return value
-        if key in snaps[-1].undo:  # replaced since the newest capture: private already
+        if key in snaps[-1].saved_for(key):  # replaced since the newest capture: private already
             return value
         self._save(snaps, key, value)
         value = self.copy(value)
