@@ -266,7 +266,7 @@ OPTIONS: tuple[Option, ...] = (
            "How asynchronous heap snapshots are written."),
     Option("state.backend.heap.snapshot-pace", at_least(parse_float, 0, 1000), "4.0",
            "Seconds the snapshot thread yields per second of work while processing runs "
-           "(at most 1000); it works in turns of at most 2 ms, so no element waits longer: 4 "
+           "(at most 1000); it works in turns of at most 0.8 ms, so no element waits longer: 4 "
            "keeps about 85 % of processing throughput during a snapshot, lower values finish "
            "the snapshot sooner."),
     Option("state.backend.heap.materialization-interval", _POS_INT, "10",
