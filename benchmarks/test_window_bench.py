@@ -33,6 +33,7 @@ import random
 import shutil
 import statistics
 import time
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -91,6 +92,17 @@ def raw_tumbling(events: list[tuple[int, int, int]]) -> list[Any]:
     return out
 
 
+def _merged(open_: dict[tuple[int, int], Any], event: tuple[int, int, int], start: int,
+            end: int) -> tuple[Any, int, int]:
+    """``event``'s session [start, end) merged with the key's open sessions it touches (taken out
+    of ``open_``): the merged sum, start and end."""
+    acc: Any = event
+    for s, e in [w for w in open_ if w[0] <= end and w[1] >= start]:
+        acc = reduce_sum(open_.pop((s, e)), acc)
+        start, end = min(start, s), max(end, e)
+    return acc, start, end
+
+
 def raw_sessions(events: list[tuple[int, int, int]]) -> list[Any]:
     sessions: dict[int, dict[tuple[int, int], Any]] = {}  # key -> (start, end) -> sum
     timers: list[tuple[int, int, int, int]] = []
@@ -106,12 +118,8 @@ def raw_sessions(events: list[tuple[int, int, int]]) -> list[Any]:
 
     for event in events:
         key, ts, _ = event
-        start, end = ts, ts + GAP_MS
         open_ = sessions.setdefault(key, {})
-        acc = event
-        for s, e in [w for w in open_ if w[0] <= end and w[1] >= start]:  # touching merge
-            acc = reduce_sum(open_.pop((s, e)), acc)
-            start, end = min(start, s), max(end, e)
+        acc, start, end = _merged(open_, event, ts, ts + GAP_MS)
         if end - 1 > watermark:
             open_[(start, end)] = acc
             heapq.heappush(timers, (end - 1, key, start, end))
@@ -127,10 +135,52 @@ def raw_sessions(events: list[tuple[int, int, int]]) -> list[Any]:
 # --- the ceiling of state in RocksDB: the same algorithm on a raw rocksdict -------------------------
 
 
+def _watermarked(events: list[tuple[int, int, int]]) -> Any:
+    """Each event with the watermark it meets and the watermark after it if that moved (else
+    None): the baseline's rule, for the rocksdict versions."""
+    watermark = largest = MIN_TS
+    for event in events:
+        before, ts = watermark, event[1]
+        if ts > largest:
+            largest = ts
+            if largest - DELAY_MS - 1 > watermark:
+                watermark = largest - DELAY_MS - 1
+        yield event, before, (watermark if watermark != before else None)
+
+
+def _driven(db: Any, events: list[tuple[int, int, int]], step: Any, fire: Any) -> None:
+    """``step(event, watermark)`` for every event, ``fire(watermark)`` whenever the watermark
+    moves and for everything at the end; ``db`` closed afterwards."""
+    try:
+        for event, watermark, moved in _watermarked(events):
+            step(event, watermark)
+            if moved is not None:
+                fire(moved)
+        fire(2**63 - 1)
+    finally:
+        db.close()
+
+
 def _rdict(path: Any) -> Any:
     from rocksdict import Options, Rdict
 
     return Rdict(str(path), Options(raw_mode=True))
+
+
+def _tumbling_firing(db: Any, timers: list[tuple[int, int, int]], out: list[Any]) -> Any:
+    """``fire(limit)``: every tumbling window due at ``limit`` out of ``db`` into ``out``."""
+    import msgpack
+
+    pack, unpack = msgpack.packb, msgpack.unpackb
+
+    def fire(limit: int) -> None:
+        while timers and timers[0][0] <= limit:
+            _, k, s = heapq.heappop(timers)
+            name = pack((k, s))
+            out.append(tuple(unpack(db[name])))
+            del db[name]
+
+    return fire
 
 
 def raw_tumbling_rocksdict(events: list[tuple[int, int, int]], path: Any) -> list[Any]:
@@ -142,35 +192,20 @@ def raw_tumbling_rocksdict(events: list[tuple[int, int, int]], path: Any) -> lis
     pack, unpack, db = msgpack.packb, msgpack.unpackb, _rdict(path)
     timers: list[tuple[int, int, int]] = []
     out: list[Any] = []
-    watermark = largest = MIN_TS
 
-    def fire(limit: int) -> None:
-        while timers and timers[0][0] <= limit:
-            _, k, s = heapq.heappop(timers)
-            kb = pack((k, s))
-            out.append(tuple(unpack(db[kb])))
-            del db[kb]
+    def step(event: tuple[int, int, int], watermark: int) -> None:
+        key, ts, _ = event
+        start = ts - ts % SIZE_MS
+        if start + SIZE_MS - 1 > watermark:
+            kb = pack((key, start))
+            acc = db.get(kb)
+            if acc is None:
+                db[kb] = pack(event)
+                heapq.heappush(timers, (start + SIZE_MS - 1, key, start))
+            else:
+                db[kb] = pack(reduce_sum(tuple(unpack(acc)), event))
 
-    try:
-        for event in events:
-            key, ts, _ = event
-            start = ts - ts % SIZE_MS
-            if start + SIZE_MS - 1 > watermark:
-                kb = pack((key, start))
-                acc = db.get(kb)
-                if acc is None:
-                    db[kb] = pack(event)
-                    heapq.heappush(timers, (start + SIZE_MS - 1, key, start))
-                else:
-                    db[kb] = pack(reduce_sum(tuple(unpack(acc)), event))
-            if ts > largest:
-                largest = ts
-                if largest - DELAY_MS - 1 > watermark:
-                    watermark = largest - DELAY_MS - 1
-                    fire(watermark)
-        fire(2**63 - 1)
-    finally:
-        db.close()
+    _driven(db, events, step, _tumbling_firing(db, timers, out))
     return out
 
 
@@ -185,19 +220,17 @@ def raw_tumbling_rocksdict_batched(events: list[tuple[int, int, int]], path: Any
     pack, unpack, db = msgpack.packb, msgpack.unpackb, _rdict(path)
     timers: list[tuple[int, int, int]] = []
     out: list[Any] = []
-    watermark = largest = MIN_TS
+    fire = _tumbling_firing(db, timers, out)
+    timed = _watermarked(events)
     try:
-        for i in range(0, len(events), batch):
+        while chunk := list(islice(timed, batch)):
             sums: dict[tuple[int, int], Any] = {}
-            for event in events[i:i + batch]:
+            for event, watermark, _ in chunk:
                 key, ts, _ = event
                 start = ts - ts % SIZE_MS
                 if start + SIZE_MS - 1 > watermark:
                     acc = sums.get((key, start))
                     sums[(key, start)] = event if acc is None else reduce_sum(acc, event)
-                if ts > largest:
-                    largest = ts
-                    watermark = max(watermark, largest - DELAY_MS - 1)
             windows = list(sums)
             names = [pack(w) for w in windows]
             writes = WriteBatch(raw_mode=True)
@@ -209,12 +242,9 @@ def raw_tumbling_rocksdict_batched(events: list[tuple[int, int, int]], path: Any
                     acc = reduce_sum(tuple(unpack(stored)), acc)
                 writes.put(name, pack(acc))
             db.write(writes)
-            limit = watermark if i + batch < len(events) else 2**63 - 1
-            while timers and timers[0][0] <= limit:
-                _, k, s = heapq.heappop(timers)
-                name = pack((k, s))
-                out.append(tuple(unpack(db[name])))
-                del db[name]
+            _, before, after = chunk[-1]
+            fire(before if after is None else after)
+        fire(2**63 - 1)
     finally:
         db.close()
     return out
@@ -228,7 +258,6 @@ def raw_sessions_rocksdict(events: list[tuple[int, int, int]], path: Any) -> lis
     pack, unpack, db = msgpack.packb, msgpack.unpackb, _rdict(path)
     timers: list[tuple[int, int, int, int]] = []
     out: list[Any] = []
-    watermark = largest = MIN_TS
 
     def fire(limit: int) -> None:
         while timers and timers[0][0] <= limit:
@@ -240,29 +269,18 @@ def raw_sessions_rocksdict(events: list[tuple[int, int, int]], path: Any) -> lis
                 out.append(open_.pop((s, e)))
                 db[kb] = pack([[a, b, acc] for (a, b), acc in open_.items()])
 
-    try:
-        for event in events:
-            key, ts, _ = event
-            start, end = ts, ts + GAP_MS
-            kb = pack(key)
-            stored = db.get(kb)
-            open_ = {(a, b): tuple(acc) for a, b, acc in unpack(stored)} if stored else {}
-            acc = event
-            for s, e in [w for w in open_ if w[0] <= end and w[1] >= start]:  # touching merge
-                acc = reduce_sum(open_.pop((s, e)), acc)
-                start, end = min(start, s), max(end, e)
-            if end - 1 > watermark:
-                open_[(start, end)] = acc
-                heapq.heappush(timers, (end - 1, key, start, end))
-            db[kb] = pack([[a, b, v] for (a, b), v in open_.items()])
-            if ts > largest:
-                largest = ts
-                if largest - DELAY_MS - 1 > watermark:
-                    watermark = largest - DELAY_MS - 1
-                    fire(watermark)
-        fire(2**63 - 1)
-    finally:
-        db.close()
+    def step(event: tuple[int, int, int], watermark: int) -> None:
+        key, ts, _ = event
+        kb = pack(key)
+        stored = db.get(kb)
+        open_ = {(a, b): tuple(acc) for a, b, acc in unpack(stored)} if stored else {}
+        acc, start, end = _merged(open_, event, ts, ts + GAP_MS)
+        if end - 1 > watermark:
+            open_[(start, end)] = acc
+            heapq.heappush(timers, (end - 1, key, start, end))
+        db[kb] = pack([[a, b, v] for (a, b), v in open_.items()])
+
+    _driven(db, events, step, fire)
     return out
 
 

@@ -481,24 +481,33 @@ def test_state_registered_while_a_snapshot_carries_it_over_stays_isolated() -> N
     assert dump(backend, range(50)) != dump(source, range(50))
 
 
+class FakeTime:
+    """The pacer's clock, moved by hand; ``sleep`` records and calls ``on_sleep``."""
+
+    def __init__(self, on_sleep: Any = None) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+        self.on_sleep = on_sleep
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        if self.on_sleep is not None:
+            self.on_sleep(seconds)
+
+
 def test_pacer_sleeps_only_while_the_processing_thread_works(monkeypatch: Any) -> None:
     """The writer works in turns of PACE_TURN and then yields the GIL for ``ratio`` times the
     turn, unless the processing thread stayed idle through a whole turn and yield."""
     from statekit.backends.heap import snapshot as heap_module
 
-    class FakeTime:
-        now = 0.0
-        slept: list[float] = []
+    def asleep(seconds: float) -> None:  # the processing thread runs while the writer sleeps
+        if seconds and moves_while_asleep:
+            current["key"] += 1
 
-        def perf_counter(self) -> float:
-            return self.now
-
-        def sleep(self, seconds: float) -> None:
-            self.slept.append(seconds)
-            if seconds and moves_while_asleep:
-                current["key"] += 1
-
-    clock = FakeTime()
+    clock = FakeTime(asleep)
     monkeypatch.setattr(heap_module, "time", clock)
     current = {"key": 1}
     moves_while_asleep = True
@@ -527,16 +536,6 @@ def test_a_pacer_following_another_goes_on_from_its_turn(monkeypatch: Any) -> No
     where that one's last ended, and it keeps what that one saw (an idle processing thread), so
     it does not yield once more for the whole copy phase."""
     from statekit.backends.heap import snapshot as heap_module
-
-    class FakeTime:
-        now = 0.0
-        slept: list[float] = []
-
-        def perf_counter(self) -> float:
-            return self.now
-
-        def sleep(self, seconds: float) -> None:
-            self.slept.append(seconds)
 
     clock = FakeTime()
     monkeypatch.setattr(heap_module, "time", clock)
