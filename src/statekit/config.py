@@ -264,6 +264,10 @@ OPTIONS: tuple[Option, ...] = (
            "Incremental (changelog) heap checkpoints."),
     Option("state.backend.heap.snapshot-mode", _choice("thread", "fork"), "thread",
            "How asynchronous heap snapshots are written."),
+    Option("state.backend.heap.lazy-restore", parse_bool, "true",
+           "Restore heap state lazily: keys are indexed at restore and values stay serialized "
+           "until first accessed or decoded by a background thread, so processing starts "
+           "before the state is decoded; checkpoints write still-serialized values through."),
     Option("state.backend.heap.snapshot-pace", at_least(parse_float, 0, 1000), "4.0",
            "Seconds the snapshot thread yields per second of work while processing runs "
            "(at most 1000); it works in turns of at most 0.8 ms, so no element waits longer: 4 "

@@ -28,8 +28,8 @@ from statekit import (
 )
 from statekit.backends.bulk import BulkState
 from statekit.backends.heap import HeapKeyedStateBackend
-from statekit.backends.heap import table as table_module
-from statekit.backends.heap.table import Capture
+from statekit.backends.heap import capture as table_module
+from statekit.backends.heap.capture import Capture
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import CheckpointError
 from statekit.serde.keygroups import KeyGroupRange

@@ -253,14 +253,21 @@ def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], 
             "parts": locations}
 
 
-def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
-                     ) -> Iterator[tuple[list[Any], list[Any]]]:
-    """Yield ``(plain keys, plain values)`` per part of a plain state entry, each part verified."""
+def read_plain_parts(name: str, entry: dict[str, Any], reader: StateReader
+                     ) -> Iterator[bytes | memoryview]:
+    """The parts of a plain state entry, each verified against its checksum (a ``memoryview``
+    is valid until the next part is requested)."""
     try:
         locations = [[int(offset), int(length), int(crc)] for offset, length, crc in entry["parts"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptCheckpointError(f"state '{name}': malformed part index") from exc
-    for n, part in enumerate(reader.read_parts(entry["data"], locations)):
+    return reader.read_parts(entry["data"], locations)
+
+
+def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
+                     ) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Yield ``(plain keys, plain values)`` per part of a plain state entry, each part verified."""
+    for n, part in enumerate(read_plain_parts(name, entry, reader)):
         try:
             keys, values = unpackb(part)
         except (SerializationError, TypeError, ValueError) as exc:
@@ -270,19 +277,28 @@ def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
         yield keys, values
 
 
-def plain_in_range(name: str, keys: list[Any], values: list[Any], recorded: KeyGroupRange,
-                   mine: KeyGroupRange, max_parallelism: int) -> tuple[list[Any], list[Any]]:
-    """The entries of a plain part whose keys fall into ``mine``, after checking that every key
-    lies in the range its snapshot ``recorded`` (CorruptCheckpointError otherwise: a handle
-    relabelled with another partition's range would restore keys no routing reaches)."""
+def plain_kept(name: str, keys: list[Any], recorded: KeyGroupRange, mine: KeyGroupRange,
+               max_parallelism: int) -> list[int] | None:
+    """The indices of a plain part's keys that fall into ``mine`` (None: all of them), after
+    checking that every key lies in the range its snapshot ``recorded`` (CorruptCheckpointError
+    otherwise: a handle relabelled with another partition's range would restore keys no routing
+    reaches)."""
     try:
         groups = plain_key_groups(keys, max_parallelism)
     except SerializationError as exc:
         raise CorruptCheckpointError(f"state '{name}': {exc}") from None
     _check_groups(name, groups, recorded)
     if mine.start <= recorded.start and recorded.end <= mine.end:
+        return None
+    return ((groups >= mine.start) & (groups <= mine.end)).nonzero()[0].tolist()
+
+
+def plain_in_range(name: str, keys: list[Any], values: list[Any], recorded: KeyGroupRange,
+                   mine: KeyGroupRange, max_parallelism: int) -> tuple[list[Any], list[Any]]:
+    """The entries of a plain part whose keys fall into ``mine`` (see :func:`plain_kept`)."""
+    kept = plain_kept(name, keys, recorded, mine, max_parallelism)
+    if kept is None:
         return keys, values
-    kept = ((groups >= mine.start) & (groups <= mine.end)).nonzero()[0].tolist()
     return [keys[i] for i in kept], [values[i] for i in kept]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import datetime as _dt
 import decimal
+import io
 import threading
 import zlib
 from collections.abc import Callable
@@ -206,3 +207,25 @@ def unpack_array_ends(data: bytes) -> tuple[list[Any], int, list[int]]:
     if (ends[-1] if ends else start) != len(data):
         raise SerializationError("cannot decode state bytes: trailing data after the array")
     return items, start, ends
+
+
+def unpack_pair_head(data: bytes | memoryview) -> tuple[list[Any], int, int]:
+    """The head of a ``packb([keys, values])`` pair: the decoded keys, where the values' array
+    starts in ``data`` and how many items it announces, without decoding any value (a lazy
+    restore reads only this much of a part)."""
+    try:
+        unpacker = msgpack.Unpacker(io.BytesIO(data), raw=False, strict_map_key=False,
+                                    ext_hook=_ext_hook, use_list=True, read_size=1 << 16,
+                                    max_buffer_size=max(len(data), 1 << 20))
+        if unpacker.read_array_header() != 2:
+            raise SerializationError("cannot decode state bytes: not a pair of arrays")
+        keys = unpacker.unpack()
+        at = unpacker.tell()
+        count = unpacker.read_array_header()
+    except SerializationError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on damaged input
+        raise SerializationError(f"cannot decode state bytes: {exc}") from exc
+    if type(keys) is not list:
+        raise SerializationError("cannot decode state bytes: the keys are not an array")
+    return keys, at, count

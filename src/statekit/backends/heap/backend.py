@@ -9,7 +9,6 @@ plain form until their state is registered (its serializer is known then).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -22,6 +21,8 @@ from statekit.backends.base import (
     StateMeta,
     gc_paused,
 )
+from statekit.backends.heap.lazy import LazyValues
+from statekit.backends.heap.restore import SourceLoad
 from statekit.backends.heap.snapshot import (
     HEAP_CHANGELOG_FORMAT,
     RUNS,
@@ -35,14 +36,7 @@ from statekit.backends.heap.states import (
     HeapValueState,
 )
 from statekit.backends.heap.table import HeapTable, Restored
-from statekit.backends.kvformat import (
-    KV_FORMAT,
-    KV_FORMATS,
-    check_kv_handle,
-    indexed_chunks,
-    log_chunks,
-    plain_chunks,
-)
+from statekit.backends.kvformat import KV_FORMAT, KV_FORMATS, check_kv_handle
 from statekit.backends.timers import (
     TIMERS_KIND,
     HeapTimerQueue,
@@ -50,16 +44,9 @@ from statekit.backends.timers import (
     check_restored_timers,
     timer_meta,
 )
-from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import (
-    CheckpointError,
-    CorruptCheckpointError,
-    StateError,
-    StatekitError,
-)
+from statekit.errors import CheckpointError, CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange
-from statekit.serde.keytypes import RestoreCheck
 from statekit.serde.serializers import TypeSerializer
 from statekit.state.api import State, check_value
 from statekit.state.descriptors import StateDescriptor
@@ -86,7 +73,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  max_parallelism: int, clock: Callable[[], int] | None = None,
                  using_asynchronous_snapshots: bool = True, *, incremental: bool = False,
                  materialization_interval: int = 10, max_log_ratio: float = 0.5,
-                 pace_ratio: float = 1.0, snapshot_mode: str = "thread") -> None:
+                 pace_ratio: float = 1.0, snapshot_mode: str = "thread",
+                 lazy_restore: bool = True) -> None:
         super().__init__(key_serializer, key_group_range, max_parallelism, clock,
                          using_asynchronous_snapshots)
         # set_current_key's fast path: key types that pass without a call; INT and LONG keys
@@ -103,11 +91,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.max_log_ratio = max_log_ratio
         self.pace_ratio = pace_ratio
         self.snapshot_mode = check_snapshot_mode(snapshot_mode)
+        # restored values stay serialized until first needed (a background thread decodes ahead)
+        self.lazy_restore = lazy_restore
         # the handle of the last confirmed (complete) incremental checkpoint: a valid base
         self._confirmed: dict[str, Any] | None = None
         # in-flight incremental attempts: dirty keys each captured, and its handle once written
         self._attempts: dict[int, dict[str, Any]] = {}
         self._timer_queues: dict[str, TimerQueue] = {}
+        self._decoders: list[LazyValues] = []  # lazy restores' background threads, ended at dispose
         self._disposed = False
 
     def set_current_key(self, key: Any) -> None:
@@ -134,6 +125,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         stored = meta.stored_serializer
         restored = self._restored.pop(meta.name, None)
         if restored is not None:
+            lazy = restored.lazy
+            if lazy is not None and (restored.kind != meta.kind or list(restored.layout) != list(
+                    meta.layout) or meta.snapshot_filter() is not None):
+                restored.decode_all()  # checkpoints could not write its parts through unchanged
+            elif lazy is not None:
+                table.attach(lazy, None if stored.identity else stored.from_plain)
+                lazy.start(meta.name)
+                self._decoders.append(lazy)
             if stored.identity and not restored.shared:  # the restored dict becomes the table
                 table.data = restored.data
             else:  # converted, and private copies while a snapshot still writes the originals
@@ -167,7 +166,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     raise CorruptCheckpointError(
                         f"state '{meta.name}': expected timers, the checkpoint holds a "
                         f"{restored.kind} state")
-                check_restored_timers(meta.name, restored.data)
+                check_restored_timers(meta.name, restored.decode_all())
                 # the lists are never changed in place; the dict is, so it is copied while an
                 # asynchronous snapshot still writes the restored one
                 table.data = dict(restored.data) if restored.shared else restored.data
@@ -238,8 +237,24 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return self._confirmed
 
     def prepare_snapshot(self) -> bool:
-        """Folds one step of each table's staged keys (a capture would fold all of them)."""
+        """Folds one step of each table's staged keys (a capture would fold all of them), and
+        installs a part a lazy restore decoded ahead."""
+        for table in self.tables.values():
+            table.step()
         return all([t.settle() for t in self.tables.values()])
+
+    def pending_restore(self) -> int:
+        """Restored entries whose values are still serialized (a lazy restore), 0 once all are
+        installed."""
+        return (sum(len(t.lazy) for t in self.tables.values() if t.lazy is not None)
+                + sum(len(r.lazy) for r in self._restored.values() if r.lazy is not None))
+
+    def finish_restore(self) -> None:
+        """Decode and install every value a lazy restore left serialized, now."""
+        for table in self.tables.values():
+            table.install_all()
+        for restored in self._restored.values():
+            restored.decode_all()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """The checkpoint is durable: its handle becomes the base of later incremental ones."""
@@ -287,7 +302,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             theirs = check_kv_handle(handle, self.max_parallelism)
             if not len(theirs.intersection(mine)):
                 continue
-            load = _Load(self, reader, theirs, key_filter, skip_states, key_check)
+            load = SourceLoad(self, reader, theirs, key_filter, skip_states, key_check)
             if not incremental:
                 for name, entry in handle["states"].items():
                     load.entry(name, entry)
@@ -298,15 +313,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 for name, entry in log.items():
                     load.log(name, entry)
 
-    def _restored_data(self, name: str, entry: dict[str, Any]) -> dict[Any, Any]:
-        """The restored (key -> plain value) dict of state ``name``, created on first use."""
+    def restored_entry(self, name: str, entry: dict[str, Any]) -> Restored:
+        """The restored state ``name`` (key -> plain value, and lazy parts), created on first
+        use."""
         if name in self.tables:
             raise StateError("restore must happen before the state is registered", name)
         self._restored_layouts[name] = entry["layout"]
         restored = self._restored.get(name)
         if restored is None:
             restored = self._restored[name] = Restored(entry["layout"], entry["kind"])
-        return restored.data
+        return restored
 
     # --- bulk access -------------------------------------------------------------------------------
 
@@ -353,7 +369,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         table = self.tables.get(state)
         if table is None:
             restored = self._restored.get(state)
-            return iter(list(restored.data) if restored is not None else ())
+            return iter(restored.keys() if restored is not None else ())
         return table.live_keys(state)
 
     def check_not_disposed(self) -> None:
@@ -363,78 +379,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def dispose(self) -> None:
         self._disposed = True
+        for lazy in self._decoders:
+            lazy.stop()
+        self._decoders.clear()
         self._timer_queues.clear()
         self.tables.clear()
         self._restored.clear()
         self._states.clear()
         self._attempts.clear()
         self._confirmed = None
-
-
-class _Load:
-    """Loads one source's entries into a heap backend's restored dicts (range, key filter),
-    checking that every key lies in the key groups the source records (``recorded``)."""
-
-    def __init__(self, backend: HeapKeyedStateBackend, reader: StateReader,
-                 recorded: KeyGroupRange, key_filter: Callable[[Any], bool] | None,
-                 skip_states: frozenset[str], key_check: RestoreCheck | None) -> None:
-        self.backend, self.reader, self.recorded = backend, reader, recorded
-        self.key_filter, self.skip_states, self.key_check = key_filter, skip_states, key_check
-
-    def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The entries the key filter keeps, after checking the keys' type when the snapshot's
-        key type asks for it (generic keys restored under a declared key type)."""
-        if self.key_check is not None:
-            self.key_check(keys)
-        keep = self.key_filter
-        if keep is None:
-            return keys, values
-        kept = [i for i, key in enumerate(keys) if keep(key)]
-        return [keys[i] for i in kept], [values[i] for i in kept]
-
-    def entry(self, name: str, entry: dict[str, Any]) -> None:
-        """Add one state entry's entries inside this backend's key groups."""
-        if name in self.skip_states:
-            return
-        backend = self.backend
-        data = backend._restored_data(name, entry)
-        key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
-        if entry.get("encoding") == "plain":
-            key_from = None if key_ser.identity else key_ser.from_plain
-            for keys, values in plain_chunks(name, entry, self.reader, self.recorded, rng, maxp):
-                with _malformed_keys(name):
-                    if key_from is not None:
-                        keys = list(map(key_from, keys))
-                    data.update(zip(*self._keep(keys, values), strict=True))
-            return
-        for _, keys, _, values in indexed_chunks(name, entry, self.reader, rng, maxp):
-            with _malformed_keys(name):
-                data.update(zip(*self._keep(list(map(key_ser.deserialize, keys)), values),
-                                strict=True))
-
-    def log(self, name: str, entry: dict[str, Any]) -> None:
-        """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
-        if name in self.skip_states:
-            return
-        backend = self.backend
-        data = backend._restored_data(name, entry)
-        key_de, maxp = backend.key_serializer.deserialize, backend.max_parallelism
-        for _, puts_k, puts_v, removes in log_chunks(name, entry, self.reader,
-                                                     backend.key_group_range, maxp):
-            with _malformed_keys(name):
-                keys, values = self._keep(list(map(key_de, puts_k)), puts_v)
-                data.update(zip(keys, values, strict=True))
-                for kb in removes:
-                    data.pop(key_de(kb), None)
-
-
-@contextlib.contextmanager
-def _malformed_keys(name: str) -> Iterator[None]:
-    """Restored keys that are no keys (unhashable, not of the key type) or entries that do not
-    pair up: CorruptCheckpointError."""
-    try:
-        yield
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        if isinstance(exc, StatekitError):
-            raise
-        raise CorruptCheckpointError(f"state '{name}': malformed keys ({exc})") from None

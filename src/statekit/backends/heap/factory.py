@@ -17,7 +17,7 @@ from statekit.configurable import Setting, apply_settings
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
-from statekit.values import checked_int, parse_float, parse_int
+from statekit.values import checked_int, parse_bool, parse_float, parse_int
 
 
 def _checked(parse: Callable[[str, Any], Any], rule: Callable[[Any], bool], wording: str
@@ -41,6 +41,7 @@ _INTERVAL_KEY = "state.backend.heap.materialization-interval"
 _RATIO_KEY = "state.backend.heap.max-log-ratio"
 _PACE_KEY = "state.backend.heap.snapshot-pace"
 _THREADS_KEY = "state.backend.heap.transfer.thread.num"
+_LAZY_KEY = "state.backend.heap.lazy-restore"
 
 #: the heap backend's flat keys (a setting made in code wins over them)
 _SETTINGS = (
@@ -50,6 +51,7 @@ _SETTINGS = (
     Setting("_ratio", (_RATIO_KEY,), _RATIO),
     Setting("_pace", (_PACE_KEY,), _PACE),
     Setting("_mode", ("state.backend.heap.snapshot-mode",), lambda k, v: check_snapshot_mode(v, k)),
+    Setting("_lazy", (_LAZY_KEY,)),
     Setting("_threads", (_THREADS_KEY,)),
     Setting("_async", ("state.backend.async", "execution.checkpointing.async"), given="_async_given"),
 )
@@ -63,7 +65,9 @@ class HashMapStateBackend(StateBackend):
     exceeds ``max_log_ratio`` of the base.  Flat keys: ``state.backend.heap.incremental`` (or
     ``state.backend.incremental``), ``state.backend.heap.materialization-interval``,
     ``state.backend.heap.max-log-ratio``, ``state.backend.heap.snapshot-mode`` (thread|fork),
-    ``state.backend.heap.snapshot-pace``, ``state.backend.async``.
+    ``state.backend.heap.snapshot-pace``, ``state.backend.heap.lazy-restore``,
+    ``state.backend.async``.  ``lazy_restore`` (default true): restored values stay serialized
+    until first accessed or decoded by a background thread.
     """
 
     name = "hashmap"
@@ -72,7 +76,8 @@ class HashMapStateBackend(StateBackend):
                  incremental: bool | None = None, materialization_interval: int | None = None,
                  max_log_ratio: float | None = None,
                  number_of_transfering_threads: int | None = None,
-                 snapshot_mode: str | None = None, snapshot_pace: float | None = None) -> None:
+                 snapshot_mode: str | None = None, snapshot_pace: float | None = None,
+                 lazy_restore: bool | None = None) -> None:
         super().__init__(using_asynchronous_snapshots)
         # None: not set in code, so a flat key may set it and the getter's default applies
         self._async_given = using_asynchronous_snapshots
@@ -85,6 +90,7 @@ class HashMapStateBackend(StateBackend):
                                       else _INTERVAL(_INTERVAL_KEY, materialization_interval))
         self._ratio: float | None = None if max_log_ratio is None else _RATIO(_RATIO_KEY, max_log_ratio)
         self._pace: float | None = None if snapshot_pace is None else _PACE(_PACE_KEY, snapshot_pace)
+        self._lazy: bool | None = None if lazy_restore is None else parse_bool(_LAZY_KEY, lazy_restore)
 
     def is_incremental_checkpoints_enabled(self) -> bool:
         return bool(self._incremental)
@@ -103,6 +109,10 @@ class HashMapStateBackend(StateBackend):
         """Seconds the transfer thread sleeps per second of serialization (thread mode, default 4):
         higher keeps more GIL for processing and makes the asynchronous part longer."""
         return float(default(_PACE_KEY) if self._pace is None else self._pace)
+
+    def is_lazy_restore_enabled(self) -> bool:
+        """Whether restored values stay serialized until first needed (default true)."""
+        return bool(default(_LAZY_KEY) if self._lazy is None else self._lazy)
 
     def get_number_of_transfering_threads(self) -> int:
         """How many tasks' asynchronous snapshots the local runner writes at once (default 1; one
@@ -127,7 +137,7 @@ class HashMapStateBackend(StateBackend):
             self.is_using_asynchronous_snapshots(), incremental=bool(self._incremental),
             materialization_interval=self.get_materialization_interval(),
             max_log_ratio=self.get_max_log_ratio(), snapshot_mode=self.get_snapshot_mode(),
-            pace_ratio=self.get_snapshot_pace(),
+            pace_ratio=self.get_snapshot_pace(), lazy_restore=self.is_lazy_restore_enabled(),
         )
 
     def __repr__(self) -> str:

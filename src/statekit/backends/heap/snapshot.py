@@ -2,7 +2,7 @@
 
 :class:`HeapSnapshotStrategy` splits a snapshot as Flink's snapshot strategies do:
 :meth:`~HeapSnapshotStrategy.capture` is the synchronous part (a constant-time
-:class:`~statekit.backends.heap.table.Capture` per table, plus the incremental bookkeeping),
+:class:`~statekit.backends.heap.capture.Capture` per table, plus the incremental bookkeeping),
 :meth:`~HeapSnapshotStrategy.produce` serializes what the snapshot writes, and
 :meth:`~HeapSnapshotStrategy.finish` uploads it and builds the task handle.  The run mode decides
 where ``produce`` happens: on the processing thread (synchronous snapshots), on a transfer thread
@@ -17,11 +17,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol
 
 from statekit.backends.base import SnapshotRun, StateMeta
+from statekit.backends.heap.capture import Capture, dict_reader
 from statekit.backends.heap.fork import Part, fork_collect, fork_kill, fork_serialize
-from statekit.backends.heap.table import Capture, dict_reader
+from statekit.backends.heap.lazy import LazyPart, pending_items, pending_parts
 from statekit.backends.kvformat import (
     KvStateData,
     group_entries,
@@ -226,6 +228,8 @@ class HeapSnapshotStrategy:
         self.incremental = backend.incremental and not savepoint
         self.materialize = True
         self.views: list[tuple[HeapTable, View]] = []
+        # the parts a lazy restore still holds serialized, per state (registered or not)
+        self.pending: dict[str, list[LazyPart]] = {}
         self.restored: dict[str, Any] = {}
         self.changed: dict[str, set[Any]] = {}
         self.base: dict[str, Any] | None = None
@@ -244,6 +248,9 @@ class HeapSnapshotStrategy:
                     t.settle(full=True)
             self.views = [(t, t.data) for t in tables]
         self.restored = dict(backend.restored_states)
+        self.pending = {t.meta.name: t.lazy.snapshot_parts() for t in tables if t.lazy is not None}
+        self.pending.update((name, r.lazy.snapshot_parts()) for name, r in self.restored.items()
+                            if r.lazy is not None)
         self.base = backend.confirmed_handle
         if self.incremental:
             self.materialize, self.changed = backend.begin_attempt(self.checkpoint_id, tables)
@@ -267,13 +274,17 @@ class HeapSnapshotStrategy:
         maxp = self.backend.max_parallelism
         for table, view in self._copied(pace):
             meta = table.meta
+            pending = self.pending.get(meta.name, ())
             if self.savepoint:
-                payload = indexed_blob(group_entries(view.items(), meta, maxp,
-                                                     pace=pace).chunks)
+                convert = None if meta.stored_serializer.identity else meta.stored_serializer.from_plain
+                items = chain(view.items(), pending_items(pending, convert))
+                payload = indexed_blob(group_entries(items, meta, maxp, pace=pace).chunks)
                 out.append((meta.name, meta.kind, meta.layout, "index", payload))
             elif self.materialize:
+                key_plain = None if meta.key_serializer.identity else meta.key_serializer.to_plain
                 out.append((meta.name, meta.kind, meta.layout, "plain",
-                            _table_parts(view, meta, pace)))
+                            chain(pending_parts(pending, key_plain, pace),
+                                  _table_parts(view, meta, pace))))
             else:
                 log = _changelog_blob(meta, view, self.changed[meta.name], maxp, pace)
                 if log is not None:
@@ -285,17 +296,21 @@ class HeapSnapshotStrategy:
     def _carried_over(self, pace: Callable[[], None] | None) -> Iterator[Part]:
         """Restored states nobody registered yet, written unchanged (still in plain form)."""
         key_ser, maxp = self.backend.key_serializer, self.backend.max_parallelism
+        key_plain = None if key_ser.identity else key_ser.to_plain
         for name, data in self.restored.items():
             keys = list(data.data)
+            pending = self.pending.get(name, ())
             if self.savepoint:
                 groups = KvStateData(data.layout, data.kind)
-                for key, plain in zip(keys, data.data.values(), strict=True):
+                for key, plain in chain(zip(keys, data.data.values(), strict=True),
+                                        pending_items(pending, None)):
                     kb = key_ser.serialize(key)
                     groups.add(key_group_for_bytes(kb, maxp), kb, packb(plain))
                 yield (name, data.kind, data.layout, "index", indexed_blob(groups.chunks))
             else:
-                parts = plain_parts(keys, list(data.data.values()), pace=pace,
-                                    key_plain=None if key_ser.identity else key_ser.to_plain)
+                parts = chain(pending_parts(pending, key_plain, pace),
+                              plain_parts(keys, list(data.data.values()), pace=pace,
+                                          key_plain=key_plain))
                 yield (name, data.kind, data.layout, "plain", parts)
 
     def finish(self, parts: list[Part]) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import WriteBatch
 
-from statekit.backends.heap.table import Capture, HeapTable
+from statekit.backends.heap.capture import Capture
+from statekit.backends.heap.table import HeapTable
 from statekit.backends.kvformat import (
     group_entries,
     plain_in_range,
@@ -169,7 +170,7 @@ class HeapTimers:
               streams: CheckpointStreams, savepoint: bool) -> dict[str, Any]:
         """Write captured queues: plain entries for a checkpoint, key-grouped ones for a
         savepoint (then merged into its ``states``); releases the captures."""
-        from statekit.backends.heap.table import dict_reader
+        from statekit.backends.heap.capture import dict_reader
 
         backend = self.backend
         out: dict[str, Any] = {}

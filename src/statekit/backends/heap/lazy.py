@@ -1,0 +1,233 @@
+"""Lazy restore of heap state: values stay in their serialized parts until first needed.
+
+A restore reads every part (checksummed, as always) but decodes only its keys; each key maps to
+its :class:`LazyPart`, whose values are decoded when one of its keys is first accessed, or ahead of
+time by a background thread (:class:`LazyValues`).  Only the processing thread installs decoded
+values into the live table, a part at a time, so a part's keys are either all pending or all in
+the table: a snapshot writes a still-pending part's bytes through unchanged, and reads nothing
+twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
+from typing import Any
+
+from statekit.backends.plainparts import plain_parts
+from statekit.errors import CorruptCheckpointError, SerializationError
+from statekit.serde.msgpack import unpack_pair_head, unpackb
+
+#: parts the background thread decodes ahead of the processing thread installing them (their
+#: values wait in memory beside the serialized bytes until installed)
+DECODE_AHEAD = 4
+
+
+class LazyPart:
+    """One restored plain part: its (converted) keys, its bytes, where the values start, and the
+    entries kept (``keep``: None for all; otherwise the indices kept by a rescale's key filter).
+    ``dropped`` holds kept keys a later changelog overrode (not to be installed)."""
+
+    __slots__ = ("at", "check", "count", "decoded", "dropped", "failed", "keep", "keys", "name",
+                 "raw")
+
+    def __init__(self, name: str, raw: bytes, keys: list[Any], at: int, count: int,
+                 keep: list[int] | None, check: Callable[[list[Any]], None]) -> None:
+        self.name, self.raw, self.keys, self.at, self.count = name, raw, keys, at, count
+        self.keep, self.check = keep, check
+        self.dropped: set[Any] | None = None
+        self.decoded: list[Any] | None = None  # values decoded ahead, not installed yet
+        self.failed = False  # a decode of its values failed (raised wherever they are needed)
+
+    @property
+    def whole(self) -> bool:
+        """The part's bytes are exactly its pending entries (a snapshot may write them through)."""
+        return self.keep is None and not self.dropped
+
+    def values(self) -> list[Any]:
+        """The kept keys' plain values (decoded ahead, or now), each part checked as every restore
+        checks one: as many values as keys, of the entry's kind and types."""
+        values = self.decoded
+        if values is not None:
+            return values
+        try:
+            try:
+                values = unpackb(memoryview(self.raw)[self.at:])
+            except SerializationError as exc:
+                raise CorruptCheckpointError(
+                    f"state '{self.name}': malformed values ({exc})") from None
+            if type(values) is not list or len(values) != self.count:
+                raise CorruptCheckpointError(f"state '{self.name}': malformed part")
+            self.check(values)
+        except CorruptCheckpointError:
+            self.failed = True
+            raise
+        if self.keep is not None:
+            values = [values[i] for i in self.keep]
+        return values
+
+    def entries(self) -> tuple[list[Any], list[Any]]:
+        """``(keys, plain values)`` of the entries still pending (overridden ones left out)."""
+        keys, values = self.keys, self.values()
+        if self.dropped:
+            kept = [i for i, key in enumerate(keys) if key not in self.dropped]
+            keys, values = [keys[i] for i in kept], [values[i] for i in kept]
+        return keys, values
+
+
+def read_head(name: str, raw: bytes) -> tuple[list[Any], int, int]:
+    """A part's plain keys, where its values start and how many there are; a part that is no pair
+    of equally long arrays is a CorruptCheckpointError here, at restore."""
+    try:
+        keys, at, count = unpack_pair_head(raw)
+    except SerializationError as exc:
+        raise CorruptCheckpointError(f"state '{name}': malformed part ({exc})") from None
+    if count != len(keys):
+        raise CorruptCheckpointError(f"state '{name}': malformed part ({len(keys)} keys, "
+                                     f"{count} values)")
+    return keys, at, count
+
+
+class LazyValues:
+    """The pending parts of one restored state and the key -> part index over them.
+
+    The processing thread asks for parts (:meth:`take`) and installs what they hold; a background
+    thread (:meth:`start`) decodes up to :data:`DECODE_AHEAD` parts ahead of it, so a key the job
+    reaches later finds its values ready.  A decode that fails is kept and raised to the
+    processing thread when it takes that part (never installed, never written through).
+    """
+
+    __slots__ = ("_cond", "_stop", "_thread", "parts", "pending")
+
+    def __init__(self) -> None:
+        self.parts: dict[int, LazyPart] = {}  # by id, in restore order
+        self.pending: dict[Any, LazyPart] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def add(self, part: LazyPart) -> None:
+        """Index a restored part's keys (a later part's key replaces an earlier one's)."""
+        pending = self.pending
+        if pending:
+            for key in pending.keys() & part.keys:
+                self.drop_from(pending[key], key)
+        self.parts[id(part)] = part
+        pending.update(dict.fromkeys(part.keys, part))
+
+    def drop(self, keys: list[Any]) -> None:
+        """Entries restored later (a changelog, another source) override these keys: they are
+        no longer pending (restore only)."""
+        pending = self.pending
+        if pending:
+            for key in pending.keys() & keys:
+                self.drop_from(pending.pop(key), key)
+
+    def drop_from(self, part: LazyPart, key: Any) -> None:
+        if part.dropped is None:
+            part.dropped = set()
+        part.dropped.add(key)
+        if len(part.dropped) == len(part.keys):
+            self.parts.pop(id(part), None)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def snapshot_parts(self) -> list[LazyPart]:
+        """The pending parts now (processing thread: nothing is installed meanwhile)."""
+        return list(self.parts.values())
+
+    def take(self, part: LazyPart) -> tuple[list[Any], list[Any]]:
+        """Remove a pending part and return its ``(keys, plain values)`` for installing
+        (processing thread); a failed decode is raised here and the part stays pending."""
+        keys, values = part.entries()
+        with self._cond:
+            self.parts.pop(id(part), None)
+            part.decoded = None
+            self._cond.notify_all()
+        deque(map(self.pending.pop, keys, repeat(None)), 0)
+        return keys, values
+
+    def step(self) -> tuple[list[Any], list[Any]] | None:
+        """The first pending part's entries once the background thread has decoded it (or
+        failed to: raised here), else None: the processing thread installs one part per call."""
+        part = next(iter(self.parts.values()), None)
+        if part is None or (part.decoded is None and not part.failed):
+            return None
+        return self.take(part)
+
+    def take_all(self) -> Iterator[tuple[list[Any], list[Any]]]:
+        """Every pending part's entries, in order (an enumeration of all keys, a timer table)."""
+        while self.parts:
+            yield self.take(next(iter(self.parts.values())))
+
+    # --- the background thread ---------------------------------------------------------------------
+
+    def start(self, name: str) -> None:
+        """Decode the pending parts ahead of the processing thread, on a daemon thread that ends
+        when every part is decoded or :meth:`stop` is called."""
+        if self._thread is None and self.parts:
+            self._thread = threading.Thread(target=self._run, name=f"statekit-lazy-{name}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        done: set[int] = set()
+        while True:
+            with self._cond:
+                while not self._stop and sum(
+                        p.decoded is not None for p in self.parts.values()) >= DECODE_AHEAD:
+                    self._cond.wait(0.5)
+                if self._stop:
+                    return
+                part = next((p for k, p in self.parts.items() if k not in done), None)
+                if part is None:
+                    return
+                done.add(id(part))
+            try:
+                values = part.values()
+            except CorruptCheckpointError:  # marked failed: raised where the values are needed
+                continue
+            with self._cond:
+                if id(part) in self.parts:
+                    part.decoded = values
+
+    def stop(self) -> None:
+        """End the background thread (the owner is disposed) and wait for it."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._thread = None
+
+
+# --- what a snapshot makes of pending parts -----------------------------------------------------------
+
+
+def pending_parts(parts: Iterable[LazyPart], key_plain: Callable[[Any], Any] | None,
+                  pace: Callable[[], None] | None) -> Iterator[bytes]:
+    """Plain parts of a snapshot for parts still pending at its capture: a whole part's bytes
+    unchanged (its values never decoded), the rest re-packed from their pending entries."""
+    for part in parts:
+        if pace is not None:
+            pace()
+        if part.failed:
+            raise CorruptCheckpointError(f"state '{part.name}': a restored part failed to decode; "
+                                         "it is not written into a new snapshot")
+        if part.whole:
+            yield part.raw
+            continue
+        keys, values = part.entries()
+        yield from plain_parts(keys, values, key_plain=key_plain, pace=pace)
+
+
+def pending_items(parts: Iterable[LazyPart], convert: Callable[[Any], Any] | None
+                  ) -> Iterator[tuple[Any, Any]]:
+    """``(key, stored value)`` of the entries of parts still pending at a snapshot's capture."""
+    for part in parts:
+        keys, values = part.entries()
+        yield from zip(keys, values if convert is None else map(convert, values), strict=True)

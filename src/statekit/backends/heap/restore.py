@@ -1,0 +1,152 @@
+"""Restoring heap state: one source's entries into the backend's restored states.
+
+A plain entry restores lazily by default (:mod:`statekit.backends.heap.lazy`): its parts are read
+and checked, their keys decoded and indexed, their values left serialized until first needed.
+Indexed entries and changelogs decode at once; entries restored later override earlier ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from statekit.backends.heap.lazy import LazyPart, LazyValues, read_head
+from statekit.backends.heap.table import Restored
+from statekit.backends.kvformat import (
+    indexed_chunks,
+    log_chunks,
+    plain_chunks,
+    plain_kept,
+    read_plain_parts,
+    value_check,
+)
+from statekit.checkpoint.reader import StateReader
+from statekit.errors import CorruptCheckpointError, StatekitError
+from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.keytypes import RestoreCheck
+from statekit.serde.serializers import TypeSerializer
+
+
+class RestoreTarget(Protocol):
+    """What a restore uses of the heap backend."""
+
+    key_serializer: TypeSerializer
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    lazy_restore: bool
+
+    def restored_entry(self, name: str, entry: dict[str, Any]) -> Restored: ...
+
+
+class SourceLoad:
+    """Loads one source's entries into a heap backend's restored states (range, key filter),
+    checking that every key lies in the key groups the source records (``recorded``)."""
+
+    def __init__(self, backend: RestoreTarget, reader: StateReader, recorded: KeyGroupRange,
+                 key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str],
+                 key_check: RestoreCheck | None) -> None:
+        self.backend, self.reader, self.recorded = backend, reader, recorded
+        self.key_filter, self.skip_states, self.key_check = key_filter, skip_states, key_check
+
+    def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The entries the key filter keeps, after checking the keys' type when the snapshot's
+        key type asks for it (generic keys restored under a declared key type)."""
+        if self.key_check is not None:
+            self.key_check(keys)
+        keep = self.key_filter
+        if keep is None:
+            return keys, values
+        kept = [i for i, key in enumerate(keys) if keep(key)]
+        return [keys[i] for i in kept], [values[i] for i in kept]
+
+    def entry(self, name: str, entry: dict[str, Any]) -> None:
+        """Add one state entry's entries inside this backend's key groups."""
+        if name in self.skip_states:
+            return
+        backend = self.backend
+        restored = backend.restored_entry(name, entry)
+        key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
+        if entry.get("encoding") == "plain":
+            if backend.lazy_restore:
+                self._lazy(name, entry, restored)
+                return
+            key_from = None if key_ser.identity else key_ser.from_plain
+            for keys, values in plain_chunks(name, entry, self.reader, self.recorded, rng, maxp):
+                with _malformed_keys(name):
+                    if key_from is not None:
+                        keys = list(map(key_from, keys))
+                    keys, values = self._keep(keys, values)
+                    _put(restored, keys, values)
+            return
+        for _, keys, _, values in indexed_chunks(name, entry, self.reader, rng, maxp):
+            with _malformed_keys(name):
+                _put(restored, *self._keep(list(map(key_ser.deserialize, keys)), values))
+
+    def _lazy(self, name: str, entry: dict[str, Any], restored: Restored) -> None:
+        """Index a plain entry's parts by key, values left serialized (:class:`LazyPart`)."""
+        backend = self.backend
+        key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
+        key_from = None if key_ser.identity else key_ser.from_plain
+        check = value_check(name, entry)
+        if restored.lazy is None:
+            restored.lazy = LazyValues()
+        for part in read_plain_parts(name, entry, self.reader):
+            raw = bytes(part)  # the reader reuses its buffers
+            keys, at, count = read_head(name, raw)
+            kept = plain_kept(name, keys, self.recorded, rng, maxp)
+            with _malformed_keys(name):
+                if kept is not None:
+                    keys = [keys[i] for i in kept]
+                if key_from is not None:
+                    keys = list(map(key_from, keys))
+                if self.key_check is not None:
+                    self.key_check(keys)
+                if self.key_filter is not None:
+                    keep = self.key_filter
+                    own = [i for i, key in enumerate(keys) if keep(key)]
+                    if len(own) < len(keys):
+                        keys = [keys[i] for i in own]
+                        kept = own if kept is None else [kept[i] for i in own]
+                if not keys:
+                    continue
+                restored.data_drop(keys)
+                restored.lazy.add(LazyPart(name, raw, keys, at, count, kept, check))
+
+    def log(self, name: str, entry: dict[str, Any]) -> None:
+        """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""
+        if name in self.skip_states:
+            return
+        backend = self.backend
+        restored = backend.restored_entry(name, entry)
+        key_de, maxp = backend.key_serializer.deserialize, backend.max_parallelism
+        for _, puts_k, puts_v, removes in log_chunks(name, entry, self.reader,
+                                                     backend.key_group_range, maxp):
+            with _malformed_keys(name):
+                keys, values = self._keep(list(map(key_de, puts_k)), puts_v)
+                _put(restored, keys, values)
+                removed = list(map(key_de, removes))
+                if restored.lazy is not None:
+                    restored.lazy.drop(removed)
+                data = restored.data
+                for key in removed:
+                    data.pop(key, None)
+
+
+def _put(restored: Restored, keys: list[Any], values: list[Any]) -> None:
+    """Decoded entries override whatever pending part held their keys."""
+    if restored.lazy is not None:
+        restored.lazy.drop(keys)
+    restored.data.update(zip(keys, values, strict=True))
+
+
+@contextlib.contextmanager
+def _malformed_keys(name: str) -> Iterator[None]:
+    """Restored keys that are no keys (unhashable, not of the key type) or entries that do not
+    pair up: CorruptCheckpointError."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        if isinstance(exc, StatekitError):
+            raise
+        raise CorruptCheckpointError(f"state '{name}': malformed keys ({exc})") from None

@@ -1,0 +1,416 @@
+"""Lazy heap restore: values stay serialized until first accessed or decoded in the background.
+
+Both key paths (a key decoded by access, a key decoded by the background thread), checkpoints and
+savepoints of a partly decoded state (bytes written through), rescale and backend switch of it,
+changelogs over a lazy base, writes while a snapshot is pending, and hostile parts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from statekit import (
+    EmbeddedRocksDBStateBackend,
+    HashMapStateBackend,
+    JobManagerCheckpointStorage,
+    StateTtlConfig,
+    Types,
+    ValueStateDescriptor,
+)
+from statekit.backends import plainparts
+from statekit.backends.heap import HeapKeyedStateBackend
+from statekit.backends.heap import lazy as lazy_module
+from statekit.backends.kvformat import read_plain_entry, write_plain_entry
+from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.errors import CorruptCheckpointError
+from statekit.serde.keygroups import KeyGroupRange
+from statekit.serde.msgpack import packb
+from statekit.serde.types import serializer_for
+from tests.backends.test_heap_snapshots import COUNT, LIST, MAP, VALUE, dump, populate
+
+MAXP = 16
+N = 400
+
+
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many small parts, so a restore holds several pending parts per state."""
+    monkeypatch.setattr(plainparts, "PLAIN_PART_BYTES", 200)
+    monkeypatch.setattr(plainparts, "PACED_PART_BYTES", 200)
+    monkeypatch.setattr(plainparts, "_FIRST_PART_ENTRIES", 16)
+
+
+@pytest.fixture
+def no_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background thread decodes nothing: only accesses decode."""
+    monkeypatch.setattr(lazy_module, "DECODE_AHEAD", 0)
+
+
+def make(rng: KeyGroupRange | None = None, **kw: Any) -> HeapKeyedStateBackend:
+    return HashMapStateBackend(**kw).create_keyed_state_backend(
+        key_serializer=serializer_for(Types.LONG()),
+        key_group_range=rng or KeyGroupRange.all(MAXP), max_parallelism=MAXP)
+
+
+def rocksdb(tmp_path: Any) -> Any:
+    factory = EmbeddedRocksDBStateBackend()
+    factory.set_db_storage_paths(str(tmp_path))
+    return factory.create_keyed_state_backend(
+        key_serializer=serializer_for(Types.LONG()), key_group_range=KeyGroupRange.all(MAXP),
+        max_parallelism=MAXP)
+
+
+def access() -> CheckpointStorageAccess:
+    return JobManagerCheckpointStorage().create_access(uuid.uuid4().hex)
+
+
+def checkpoint(backend: Any, acc: CheckpointStorageAccess, cid: int, *,
+               savepoint: bool = False) -> dict[str, Any]:
+    handle = backend.snapshot(cid, acc.streams(cid, "t"), savepoint=savepoint).run()
+    acc.commit(cid, {"tasks": {"t": handle}})
+    backend.notify_checkpoint_complete(cid)
+    return handle
+
+
+def restored(handle: dict[str, Any], acc: CheckpointStorageAccess, **kw: Any) -> Any:
+    backend = make(**kw)
+    backend.restore([handle], acc.reader())
+    return backend
+
+
+def source(n: int = N, **kw: Any) -> tuple[dict[str, Any], CheckpointStorageAccess, dict]:
+    backend = make(**kw)
+    populate(backend, n)
+    acc = access()
+    handle = checkpoint(backend, acc, 1)
+    expected = dump(backend, range(n))
+    backend.dispose()
+    return handle, acc, expected
+
+
+def register(backend: HeapKeyedStateBackend) -> None:
+    for descriptor in (VALUE, LIST, MAP, COUNT):
+        backend.get_partitioned_state(descriptor)
+
+
+def crcs(handle: dict[str, Any], state: str) -> list[int]:
+    return [crc for _, _, crc in handle["states"][state]["parts"]]
+
+
+def lazy_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("statekit-lazy-")]
+
+
+def test_a_key_decoded_by_access_decodes_its_part_only(no_decoder: None) -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    register(backend)
+    parts = len(handle["states"]["c"]["parts"])
+    assert parts >= 4
+    total = backend.pending_restore()
+    assert total == 4 * N  # nothing decoded yet
+    backend.set_current_key(N - 1)
+    assert backend.get_partitioned_state(COUNT).value() == N - 1
+    left = backend.pending_restore()
+    assert total - N // 2 < left < total  # one part of one state
+    assert dump(backend, range(N)) == expected
+    assert backend.pending_restore() == 0
+    table = backend.tables["c"]
+    assert table.lazy is None
+    table.put(0, 5)  # the first write after the last part turns the slow path off
+    assert not table.watch
+    backend.dispose()
+
+
+def test_keys_decoded_by_the_background_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded_on: list[str] = []
+    values = lazy_module.LazyPart.values
+
+    def recording(part: Any) -> list[Any]:
+        if part.decoded is None:
+            decoded_on.append(threading.current_thread().name)
+        return values(part)
+
+    monkeypatch.setattr(lazy_module.LazyPart, "values", recording)
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    register(backend)
+    deadline = time.monotonic() + 30
+    while backend.pending_restore() and time.monotonic() < deadline:
+        backend.prepare_snapshot()  # installs what the thread decoded (no key is accessed)
+        time.sleep(0.001)
+    assert backend.pending_restore() == 0
+    assert decoded_on and all(name.startswith("statekit-lazy-") for name in decoded_on)
+    assert dump(backend, range(N)) == expected
+    backend.dispose()
+    assert not lazy_threads()
+
+
+@pytest.mark.parametrize("mode", ["thread", "fork", "sync"])
+def test_a_checkpoint_writes_pending_parts_through(no_decoder: None, mode: str) -> None:
+    handle, acc, expected = source()
+    kw: dict[str, Any] = ({"using_asynchronous_snapshots": False} if mode == "sync"
+                          else {"snapshot_mode": mode})
+    backend = restored(handle, acc, **kw)
+    register(backend)
+    backend.set_current_key(3)
+    backend.get_partitioned_state(COUNT).update(-3)  # one part of "c" installed and changed
+    expected["c"][3] = -3
+    again = checkpoint(backend, acc, 2)
+    assert set(crcs(handle, "v")) <= set(crcs(again, "v"))  # never decoded: the same bytes
+    assert len(set(crcs(handle, "c")) - set(crcs(again, "c"))) == 1
+    backend.dispose()
+    fresh = restored(again, acc)
+    assert dump(fresh, range(N)) == expected
+    fresh.dispose()
+
+
+def test_writes_while_a_snapshot_is_pending(no_decoder: None) -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    register(backend)
+    run = backend.snapshot(2, acc.streams(2, "t"))
+    count = backend.get_partitioned_state(COUNT)
+    live = {k: v for k, v in expected["c"].items()}
+    for key in (5, 200, N - 1):
+        backend.set_current_key(key)
+        count.update(key * 10)
+        live[key] = key * 10
+    backend.set_current_key(7)
+    count.clear()
+    del live[7]
+    backend.set_current_key(N + 1)
+    count.update(1)
+    live[N + 1] = 1
+    handle2 = run.run()
+    acc.commit(2, {"tasks": {"t": handle2}})
+    assert {k: count.value() for k in range(N + 2) if not backend.set_current_key(k)
+            and count.value() is not None} == live
+    backend.dispose()
+    written = [k for keys, _ in read_plain_entry("c", handle2["states"]["c"], acc.reader())
+               for k in keys]
+    assert sorted(written) == list(range(N))  # each key once: installed parts were staged
+    fresh = restored(handle2, acc)
+    assert dump(fresh, range(N + 2)) == expected  # the snapshot saw the state at capture
+    fresh.dispose()
+
+
+@pytest.mark.parametrize("target", ["hashmap", "rocksdb"])
+def test_a_savepoint_of_a_partly_decoded_state(no_decoder: None, target: str,
+                                                tmp_path: Any) -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    register(backend)
+    backend.set_current_key(11)
+    backend.get_partitioned_state(LIST).add(99)
+    expected["l"][11].append(99)
+    savepoint = checkpoint(backend, acc, 2, savepoint=True)
+    backend.dispose()
+    if target == "hashmap":
+        fresh = restored(savepoint, acc)
+    else:
+        fresh = rocksdb(tmp_path)
+        fresh.restore([savepoint], acc.reader())
+    assert dump(fresh, range(N)) == expected
+    fresh.dispose()
+
+
+def test_a_partly_decoded_state_switches_to_rocksdb_through_a_checkpoint(
+        no_decoder: None, tmp_path: Any) -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    register(backend)
+    backend.set_current_key(1)
+    backend.get_partitioned_state(MAP).put("z", [1])
+    expected["m"][1]["z"] = [1]
+    again = checkpoint(backend, acc, 2)
+    backend.dispose()
+    fresh = rocksdb(tmp_path)
+    fresh.restore([again], acc.reader())
+    assert dump(fresh, range(N)) == expected
+    fresh.dispose()
+
+
+def test_rescale_of_a_partly_decoded_state(no_decoder: None) -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    register(backend)
+    backend.set_current_key(0)
+    assert backend.get_partitioned_state(COUNT).value() == 0
+    whole = checkpoint(backend, acc, 2)
+    backend.dispose()
+    halves = [KeyGroupRange(0, 6), KeyGroupRange(7, MAXP - 1)]
+    handles = []
+    for n, rng in enumerate(halves):
+        half = restored(whole, acc, rng=rng)  # lazily, each part keeping its own keys
+        register(half)
+        assert half.pending_restore() > 0
+        handles.append(checkpoint(half, acc, 10 + n))  # parts of kept keys, re-packed
+        half.dispose()
+    merged = make()
+    merged.restore(handles, acc.reader())
+    assert dump(merged, range(N)) == expected
+    merged.dispose()
+
+
+def test_changelogs_over_a_lazy_base(no_decoder: None) -> None:
+    backend = make(incremental=True)
+    populate(backend, N)
+    acc = access()
+    checkpoint(backend, acc, 1)
+    count = backend.get_partitioned_state(COUNT)
+    for key in range(0, N, 3):
+        backend.set_current_key(key)
+        count.update(-key)
+    for key in range(1, N, 50):
+        backend.set_current_key(key)
+        count.clear()
+    handle = checkpoint(backend, acc, 2)
+    assert handle["incremental"]
+    expected = dump(backend, range(N))
+    backend.dispose()
+    fresh = restored(handle, acc)
+    register(fresh)
+    assert fresh.pending_restore() > 0
+    full = checkpoint(fresh, acc, 3)  # parts overridden by the logs are re-packed without them
+    assert dump(fresh, range(N)) == expected
+    fresh.dispose()
+    again = restored(full, acc)
+    assert dump(again, range(N)) == expected  # no removed key comes back
+    again.dispose()
+
+
+def test_states_not_registered_are_carried_over_lazily(no_decoder: None) -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc)
+    backend.get_partitioned_state(COUNT)
+    assert backend.pending_restore() == 4 * N
+    again = checkpoint(backend, acc, 2)
+    savepoint = checkpoint(backend, acc, 3, savepoint=True)
+    assert set(crcs(handle, "m")) == set(crcs(again, "m"))
+    backend.dispose()
+    for h in (again, savepoint):
+        fresh = restored(h, acc)
+        assert dump(fresh, range(N)) == expected
+        fresh.dispose()
+
+
+def test_key_enumeration_sees_pending_keys(no_decoder: None) -> None:
+    handle, acc, _ = source()
+    backend = restored(handle, acc)
+    assert sorted(backend.get_keys("c")) == list(range(N))  # not registered yet
+    register(backend)
+    assert sorted(backend.get_keys("c")) == list(range(N))
+    backend.dispose()
+
+
+def test_ttl_full_snapshot_cleanup_decodes_at_registration() -> None:
+    desc = ValueStateDescriptor("t", Types.LONG())
+    desc.enable_time_to_live(StateTtlConfig.new_builder(60_000).cleanup_full_snapshot().build())
+    backend = make()
+    state = backend.get_partitioned_state(desc)
+    for key in range(N):
+        backend.set_current_key(key)
+        state.update(key)
+    acc = access()
+    handle = checkpoint(backend, acc, 1)
+    backend.dispose()
+    fresh = restored(handle, acc)
+    state = fresh.get_partitioned_state(desc)
+    assert fresh.pending_restore() == 0  # expired entries must be dropped when written
+    fresh.set_current_key(9)
+    assert state.value() == 9
+    fresh.dispose()
+
+
+def test_lazy_restore_can_be_turned_off() -> None:
+    handle, acc, expected = source()
+    backend = restored(handle, acc, lazy_restore=False)
+    assert backend.pending_restore() == 0
+    assert dump(backend, range(N)) == expected
+    backend.dispose()
+
+
+def test_dispose_ends_the_background_thread(no_decoder: None) -> None:
+    handle, acc, _ = source()
+    backend = restored(handle, acc)
+    register(backend)
+    assert lazy_threads()
+    backend.dispose()
+    assert not lazy_threads()
+
+
+# --- hostile parts (their checksums intact: forged, not damaged in transit) --------------------------
+
+
+def forged(part: bytes) -> tuple[dict[str, Any], CheckpointStorageAccess]:
+    handle, acc, _ = source(n=20)
+    streams = acc.streams(5, "t")
+    entry = handle["states"]["c"]
+    handle = {**handle, "states": {"c": write_plain_entry(streams, "c", entry["layout"],
+                                                          entry["kind"], [part])}}
+    return handle, acc
+
+
+@pytest.mark.parametrize("part", [
+    packb([1, 2]),
+    packb([[1, 2, 3]]),
+    packb([[1, 2], [1]]),
+    packb([[1, 2], 7]),
+    b"\x92\xc1",
+    packb([[1, 2], [1, 2]])[:-1],
+], ids=["not-arrays", "not-a-pair", "counts-differ", "values-not-an-array", "bad-byte",
+        "truncated"])
+def test_a_malformed_part_head_fails_the_restore(part: bytes) -> None:
+    handle, acc = forged(part)
+    backend = make()
+    with pytest.raises(CorruptCheckpointError):
+        backend.restore([handle], acc.reader())
+        backend.get_partitioned_state(COUNT)
+        backend.finish_restore()
+    backend.dispose()
+
+
+def test_a_key_outside_the_recorded_key_groups_fails_the_restore() -> None:
+    handle, acc = forged(packb([[1, 2], [1, 2]]))
+    handle = {**handle, "key_group_range": [0, 0]}
+    backend = make(rng=KeyGroupRange(0, 0))
+    with pytest.raises(CorruptCheckpointError, match="outside the key groups"):
+        backend.restore([handle], acc.reader())
+    backend.dispose()
+
+
+@pytest.mark.parametrize("values", [b"\x92\xc1\xc1", packb(["x", "y"]), b"\x92\x01"],
+                         ids=["bad-bytes", "wrong-type", "truncated"])
+def test_damaged_values_are_refused_where_they_are_needed(no_decoder: None,
+                                                          values: bytes) -> None:
+    handle, acc = forged(b"\x92" + packb([1, 2]) + values)
+    backend = make()
+    backend.restore([handle], acc.reader())  # the keys are sound: restored lazily
+    state = backend.get_partitioned_state(COUNT)
+    backend.set_current_key(1)
+    with pytest.raises(CorruptCheckpointError):
+        state.value()
+    with pytest.raises(CorruptCheckpointError):  # never written into a new snapshot
+        backend.snapshot(2, acc.streams(2, "t")).run()
+    backend.dispose()
+
+
+def test_damaged_values_found_by_the_background_thread_surface_at_the_next_access() -> None:
+    handle, acc = forged(b"\x92" + packb([1, 2]) + b"\x92\xc1\xc1")
+    backend = make()
+    backend.restore([handle], acc.reader())
+    backend.get_partitioned_state(COUNT)
+    part = next(iter(backend.tables["c"].lazy.parts.values()))
+    deadline = time.monotonic() + 30
+    while not part.failed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert part.failed
+    with pytest.raises(CorruptCheckpointError):
+        backend.prepare_snapshot()  # any slow path takes the failed part and raises
+    backend.dispose()
