@@ -55,8 +55,14 @@ def _value(key: int) -> bytes:
     return _POOL[off:off + VALUE_BYTES]
 
 
-def _cold_read(root: Path) -> tuple[float, int]:
+def _cold(root: Path) -> None:
+    """Written pages flushed (writeback would slow the reads measured next), then evicted."""
+    os.sync()
     drop_tree_cache(root)
+
+
+def _cold_read(root: Path) -> tuple[float, int]:
+    _cold(root)
     total = 0
     t0 = time.perf_counter()
     for dirpath, _, files in os.walk(root):
@@ -77,7 +83,7 @@ def _checkpoint(backend: Any, access: Any, cid: int) -> tuple[dict[str, Any], fl
 
 
 def _restore(handle: dict[str, Any], access: Any, root: Path, lazy: bool) -> tuple[Any, dict]:
-    drop_tree_cache(root)
+    _cold(root)
     backend = _backend(lazy)
     t0 = time.perf_counter()
     backend.restore([handle], access.reader())
@@ -120,7 +126,7 @@ def test_lazy_restore(benchmark: Any) -> None:
             state.update(_value(k))
         handle, _, nbytes = _checkpoint(source, access, 1)
         source.dispose()
-        cold_s, cold_bytes = _cold_read(ckdir)
+        first_cold_s, cold_bytes = _cold_read(ckdir)
         eager, eager_t = _restore(handle, access, ckdir, lazy=False)
         backends.append(eager)
         lazy_box: dict[str, Any] = {}
@@ -130,7 +136,7 @@ def test_lazy_restore(benchmark: Any) -> None:
             lazy_box.update(times)
             backends.append(backend)
 
-        drop_tree_cache(ckdir)
+        _cold(ckdir)
         lazy_fresh = _backend(True)
         lazy_fresh.restore([handle], access.reader())
         lazy_fresh.get_partitioned_state(_desc())
@@ -141,6 +147,8 @@ def test_lazy_restore(benchmark: Any) -> None:
         benchmark.pedantic(lazy_round, rounds=1, iterations=1)
         lazy = backends[-1]
         keys = list(range(0, KEYS, max(1, KEYS // HOT_OPS)))
+        last_cold_s, _ = _cold_read(ckdir)
+        cold_s = min(first_cold_s, last_cold_s)  # the disk's better figure: the harder bar
         eager_runs, lazy_runs = [], []
         for _ in range(5):
             eager_runs.append(_hot(eager, keys))
@@ -148,6 +156,7 @@ def test_lazy_restore(benchmark: Any) -> None:
         out = {
             "keys": KEYS, "value_bytes": VALUE_BYTES, "checkpoint_bytes": nbytes,
             "cold_read": {"seconds": round(cold_s, 4), "bytes": cold_bytes,
+                          "runs_s": [round(first_cold_s, 4), round(last_cold_s, 4)],
                           "mb_s": round(cold_bytes / cold_s / 1e6, 1)},
             "eager": eager_t, "lazy": dict(lazy_box),
             "checkpoint_after_lazy_restore": {"pending_values": pending,

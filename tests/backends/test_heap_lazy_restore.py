@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import zlib
 from typing import Any
 
 import pytest
@@ -25,11 +26,11 @@ from statekit import (
 from statekit.backends import plainparts
 from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.backends.heap import lazy as lazy_module
-from statekit.backends.kvformat import read_plain_entry, write_plain_entry
+from statekit.backends.kvformat import read_plain_entry
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
-from statekit.serde.msgpack import packb
+from statekit.serde.msgpack import packb, pair_head_length
 from statekit.serde.types import serializer_for
 from tests.backends.test_heap_snapshots import COUNT, LIST, MAP, VALUE, dump, populate
 
@@ -131,10 +132,10 @@ def test_keys_decoded_by_the_background_thread(monkeypatch: pytest.MonkeyPatch) 
     decoded_on: list[str] = []
     values = lazy_module.LazyPart.values
 
-    def recording(part: Any) -> list[Any]:
+    def recording(part: Any, *args: Any) -> list[Any]:
         if part.decoded is None:
             decoded_on.append(threading.current_thread().name)
-        return values(part)
+        return values(part, *args)
 
     monkeypatch.setattr(lazy_module.LazyPart, "values", recording)
     handle, acc, expected = source()
@@ -348,13 +349,23 @@ def test_dispose_ends_the_background_thread(no_decoder: None) -> None:
 # --- hostile parts (their checksums intact: forged, not damaged in transit) --------------------------
 
 
-def forged(part: bytes) -> tuple[dict[str, Any], CheckpointStorageAccess]:
+def forged(part: bytes, heads: list[list[int]] | None = None
+           ) -> tuple[dict[str, Any], CheckpointStorageAccess]:
+    """A handle whose state "c" is the one given part (its checksum intact), with the given
+    heads (none: as written before heads were recorded)."""
     handle, acc, _ = source(n=20)
     streams = acc.streams(5, "t")
-    entry = handle["states"]["c"]
-    handle = {**handle, "states": {"c": write_plain_entry(streams, "c", entry["layout"],
-                                                          entry["kind"], [part])}}
-    return handle, acc
+    data, locations = streams.write_parts([part], state_name="c")
+    entry = {**handle["states"]["c"], "data": data, "parts": locations}
+    entry.pop("heads")
+    if heads is not None:
+        entry["heads"] = heads
+    return {**handle, "states": {"c": entry}}, acc
+
+
+def head_of(part: bytes, size: int | None = None) -> list[list[int]]:
+    size = pair_head_length(part) if size is None else size
+    return [[size, zlib.crc32(part[:size])]]
 
 
 @pytest.mark.parametrize("part", [
@@ -367,7 +378,7 @@ def forged(part: bytes) -> tuple[dict[str, Any], CheckpointStorageAccess]:
 ], ids=["not-arrays", "not-a-pair", "counts-differ", "values-not-an-array", "bad-byte",
         "truncated"])
 def test_a_malformed_part_head_fails_the_restore(part: bytes) -> None:
-    handle, acc = forged(part)
+    handle, acc = forged(part)  # read whole at restore (no heads recorded)
     backend = make()
     with pytest.raises(CorruptCheckpointError):
         backend.restore([handle], acc.reader())
@@ -376,20 +387,54 @@ def test_a_malformed_part_head_fails_the_restore(part: bytes) -> None:
     backend.dispose()
 
 
-def test_a_key_outside_the_recorded_key_groups_fails_the_restore() -> None:
-    handle, acc = forged(packb([[1, 2], [1, 2]]))
+@pytest.mark.parametrize("use", ["access", "snapshot", "keys", "finish"])
+def test_a_key_outside_the_recorded_key_groups_is_refused_before_use(no_decoder: None,
+                                                                     use: str) -> None:
+    part = packb([[1, 2], [1, 2]])
+    handle, acc = forged(part, head_of(part))
     handle = {**handle, "key_group_range": [0, 0]}
     backend = make(rng=KeyGroupRange(0, 0))
+    backend.restore([handle], acc.reader())  # the whole range: checked before first use
+    state = backend.get_partitioned_state(COUNT)
     with pytest.raises(CorruptCheckpointError, match="outside the key groups"):
+        if use == "access":
+            backend.set_current_key(1)
+            state.value()
+        elif use == "snapshot":
+            backend.snapshot(2, acc.streams(2, "t")).run()
+        elif use == "keys":
+            list(backend.get_keys("c"))
+        else:
+            backend.finish_restore()
+    backend.dispose()
+
+
+def test_a_key_outside_the_recorded_key_groups_fails_a_rescaling_restore() -> None:
+    part = packb([[1, 2], [1, 2]])
+    handle, acc = forged(part, head_of(part))
+    handle = {**handle, "key_group_range": [0, 1]}
+    backend = make(rng=KeyGroupRange(0, 0))  # part of the range: the keys are sorted out now
+    with pytest.raises(CorruptCheckpointError, match="outside the key groups"):
+        backend.restore([handle], acc.reader())
+    backend.dispose()
+
+
+def test_a_key_restored_twice_fails_the_restore() -> None:
+    part = packb([[1, 1], [1, 2]])
+    handle, acc = forged(part, head_of(part))
+    backend = make()
+    with pytest.raises(CorruptCheckpointError, match="twice"):
         backend.restore([handle], acc.reader())
     backend.dispose()
 
 
 @pytest.mark.parametrize("values", [b"\x92\xc1\xc1", packb(["x", "y"]), b"\x92\x01"],
                          ids=["bad-bytes", "wrong-type", "truncated"])
-def test_damaged_values_are_refused_where_they_are_needed(no_decoder: None,
-                                                          values: bytes) -> None:
-    handle, acc = forged(b"\x92" + packb([1, 2]) + values)
+@pytest.mark.parametrize("with_heads", [True, False])
+def test_damaged_values_are_refused_where_they_are_needed(no_decoder: None, values: bytes,
+                                                          with_heads: bool) -> None:
+    part = b"\x92" + packb([1, 2]) + values
+    handle, acc = forged(part, head_of(part) if with_heads else None)
     backend = make()
     backend.restore([handle], acc.reader())  # the keys are sound: restored lazily
     state = backend.get_partitioned_state(COUNT)
@@ -402,7 +447,8 @@ def test_damaged_values_are_refused_where_they_are_needed(no_decoder: None,
 
 
 def test_damaged_values_found_by_the_background_thread_surface_at_the_next_access() -> None:
-    handle, acc = forged(b"\x92" + packb([1, 2]) + b"\x92\xc1\xc1")
+    part = b"\x92" + packb([1, 2]) + b"\x92\xc1\xc1"
+    handle, acc = forged(part, head_of(part))
     backend = make()
     backend.restore([handle], acc.reader())
     backend.get_partitioned_state(COUNT)
@@ -414,3 +460,113 @@ def test_damaged_values_found_by_the_background_thread_surface_at_the_next_acces
     with pytest.raises(CorruptCheckpointError):
         backend.prepare_snapshot()  # any slow path takes the failed part and raises
     backend.dispose()
+
+
+@pytest.mark.parametrize("heads", [
+    [[3, 0]], [[1, 0]], [[10**6, 0]], [[2, 1, 3]], [["x", 0]],
+], ids=["wrong-crc", "too-short", "past-the-part", "three-numbers", "not-a-number"])
+def test_malformed_heads_fail_the_restore(heads: list[Any]) -> None:
+    part = packb([[1, 2], [1, 2]])
+    handle, acc = forged(part, heads)
+    backend = make()
+    with pytest.raises(CorruptCheckpointError):
+        backend.restore([handle], acc.reader())
+    backend.dispose()
+
+
+@pytest.mark.parametrize("size", [2, 4], ids=["cuts-the-keys", "reaches-into-the-values"])
+def test_a_head_that_is_not_exactly_the_keys_fails_the_restore(size: int) -> None:
+    part = packb([[1, 2], [1, 2]])  # the head is 4 bytes: 0x92, 0x92, 1, 2
+    handle, acc = forged(part, head_of(part, size if size != 4 else 5))
+    backend = make()
+    with pytest.raises(CorruptCheckpointError):
+        backend.restore([handle], acc.reader())
+    backend.dispose()
+
+
+def test_a_part_that_differs_from_its_head_is_refused_when_read(no_decoder: None) -> None:
+    part = packb([[1, 2], [1, 2]])
+    handle, acc = forged(part, head_of(part))
+    backend = make()
+    backend.restore([handle], acc.reader())
+    state = backend.get_partitioned_state(COUNT)
+    (lazy_part,) = backend.tables["c"].lazy.parts.values()
+    lazy_part.load = lambda: packb([[2, 1], [1, 2]])  # the file changed since the head was read
+    backend.set_current_key(1)
+    with pytest.raises(CorruptCheckpointError, match="differs from its head"):
+        state.value()
+    backend.dispose()
+
+
+class CountingReader:
+    """A checkpoint reader that counts the bytes it hands out."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader, self.bytes = reader, 0
+
+    def read(self, *args: Any, **kw: Any) -> bytes:
+        data = self.reader.read(*args, **kw)
+        self.bytes += len(data)
+        return data
+
+    def read_parts(self, *args: Any, **kw: Any) -> Any:
+        for part in self.reader.read_parts(*args, **kw):
+            self.bytes += len(part)
+            yield part
+
+
+def test_a_restore_reads_only_the_heads(no_decoder: None, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    monkeypatch.setattr(plainparts, "PLAIN_PART_BYTES", 8192)
+    text = ValueStateDescriptor("s", Types.STRING())
+    backend = make()
+    state = backend.get_partitioned_state(text)
+    for key in range(2000):
+        backend.set_current_key(key)
+        state.update(f"{key:050d}")
+    acc = access()
+    handle = checkpoint(backend, acc, 1)
+    backend.dispose()
+    reader = CountingReader(acc.reader())
+    fresh = make()
+    fresh.restore([handle], reader)
+    fresh.get_partitioned_state(text)
+    total = sum(length for _, length, _ in handle["states"]["s"]["parts"])
+    assert len(handle["states"]["s"]["parts"]) > 3
+    assert reader.bytes < total / 10  # the keys (1-3 bytes each), not the values (51)
+    fresh.set_current_key(1999)
+    assert fresh.get_partitioned_state(text).value() == f"{1999:050d}"
+    fresh.dispose()
+
+
+def test_entries_without_heads_restore_lazily_from_whole_parts(no_decoder: None) -> None:
+    handle, acc, expected = source()
+    for entry in handle["states"].values():
+        entry.pop("heads")
+    backend = restored(handle, acc)
+    register(backend)
+    assert backend.pending_restore() == 4 * N
+    assert dump(backend, range(N)) == expected
+    backend.dispose()
+
+
+@pytest.mark.parametrize("mode", ["thread", "fork"])
+def test_restored_files_may_go_once_a_checkpoint_completed(no_decoder: None, mode: str,
+                                                           tmp_path: Any) -> None:
+    from statekit import FileSystemCheckpointStorage
+
+    acc = FileSystemCheckpointStorage(str(tmp_path / "ck"), 0).create_access("job")
+    backend = make()
+    populate(backend, N)
+    handle = checkpoint(backend, acc, 1)
+    expected = dump(backend, range(N))
+    backend.dispose()
+    fresh = restored(handle, acc, snapshot_mode=mode)
+    register(fresh)
+    checkpoint(fresh, acc, 2)
+    gone = [p for p in (tmp_path / "ck").rglob("*") if p.is_file() and "chk-1" in str(p)]
+    assert len(gone) > 1  # the metadata and the state files
+    for path in gone:  # checkpoint 1's files, as retention removes them
+        path.unlink()
+    assert dump(fresh, range(N)) == expected
+    fresh.dispose()

@@ -47,14 +47,28 @@ def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool =
     if "encoding" in entry:
         if not plain or entry["encoding"] != "plain":
             raise schema.fail(f"{path}.encoding", f"unexpected encoding {entry['encoding']!r}")
-        schema.tiling(schema.locations(entry.get("parts"), f"{path}.parts", size),
-                      f"{path}.parts", size)
+        parts = schema.locations(entry.get("parts"), f"{path}.parts", size)
+        schema.tiling(parts, f"{path}.parts", size)
+        if "heads" in entry:
+            _check_heads(entry["heads"], parts, f"{path}.heads")
         return
     index = schema.mapping(entry.get("index"), f"{path}.index")
     for kg, loc in index.items():
         schema.integer(kg, f"{path}.index", recorded.start, recorded.end)
         schema.location(loc, f"{path}.index[{kg}]", size)
     schema.tiling(sorted(index.values()), f"{path}.index", size)
+
+
+def _check_heads(heads: Any, parts: list[list[int]], path: str) -> None:
+    """``[length, crc]`` of each part's head: one per part, inside the part."""
+    if len(schema.sequence(heads, path)) != len(parts):
+        raise schema.fail(path, f"{len(heads)} heads for {len(parts)} parts")
+    for n, (head, part) in enumerate(zip(heads, parts, strict=True)):
+        where = f"{path}[{n}]"
+        if type(head) not in (list, tuple) or len(head) != 2:
+            raise schema.fail(where, "expected [length, crc]")
+        schema.integer(head[0], where, 2, max(2, part[1]))
+        schema.integer(head[1], where, 0, (1 << 32) - 1)
 
 
 def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:

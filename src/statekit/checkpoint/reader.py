@@ -44,10 +44,11 @@ class StateReader:
         self._sized.add(path)
         return real
 
-    def read_parts(self, handle: dict[str, Any], locations: list[list[int]]
-                   ) -> Iterator[bytes | memoryview]:
+    def read_parts(self, handle: dict[str, Any], locations: list[list[int]], *,
+                   owned: bool = False) -> Iterator[bytes | memoryview]:
         """The ``[offset, length, crc]`` parts of ``handle`` in order, each verified before it is
-        handed out (as a ``memoryview``, valid until the next part is requested).
+        handed out (as a ``memoryview``, valid until the next part is requested; with ``owned``,
+        for as long as the caller keeps it: each span is read into fresh memory).
 
         A helper thread reads ahead in spans of up to ``_SPAN`` bytes (the kernel prefetching
         further) and checks each span with one CRC-32 against the combination of its parts' CRCs
@@ -67,22 +68,33 @@ class StateReader:
         ahead: queue.Queue[Any] = queue.Queue()
         # reused read buffers (also bounding the read-ahead): fresh memory for every read costs
         # page faults a restore cannot spare
-        free: queue.Queue[bytearray | None] = queue.Queue()
+        # (kept parts: fresh bytes per read, the queue holding only turns)
+        free: queue.Queue[bytearray | bool | None] = queue.Queue()
         size = min(max((length for _, length, _ in spans), default=0), real)
         for _ in range(_READ_BUFFERS):
-            free.put(bytearray(size))
+            free.put(True if owned else bytearray(size))
 
         def into(length: int) -> memoryview:
             buffer = free.get()
             if buffer is None:
                 raise _Stopped
+            assert isinstance(buffer, bytearray)
             return memoryview(buffer)[:length]
+
+        def turns(source: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+            while free.get() is not None:  # a read only once a span was handed out
+                data = next(source, None)
+                if data is None:
+                    return
+                yield data
+            raise _Stopped
 
         def read_ahead() -> None:
             try:
                 ranges = [(start, length) for start, length, _ in spans]
-                for data, (_, length, parts) in zip(self.store.get_ranges(path, ranges, into),
-                                                    spans, strict=False):
+                source = (turns(self.store.get_ranges(path, ranges)) if owned
+                          else self.store.get_ranges(path, ranges, into))
+                for data, (_, length, parts) in zip(source, spans, strict=False):
                     intact = len(data) == length and crc32(data) == combined_crc(parts)
                     ahead.put((data, intact))
                 ahead.put(None)
@@ -101,11 +113,13 @@ class StateReader:
                 if item is None:
                     raise TruncatedCheckpointError(f"{path}: fewer parts than its metadata records")
                 view, intact = item
+                view = memoryview(view)  # (parts are slices of it, never copies)
                 for offset, length, crc in parts:
                     at = offset - start
                     part = view[at:at + length]
                     yield part if intact else _verified(path, part, offset, length, crc)
-                free.put(view.obj)  # its parts were handed out: the buffer may be refilled
+                # its parts were handed out: the buffer may be refilled, unless they are kept
+                free.put(True if owned else view.obj)
         finally:
             free.put(None)  # stops a reader waiting for a buffer
             thread.join()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import array
 import datetime as _dt
 import decimal
-import io
 import threading
 import zlib
 from collections.abc import Callable
@@ -209,12 +208,27 @@ def unpack_array_ends(data: bytes) -> tuple[list[Any], int, list[int]]:
     return items, start, ends
 
 
+class _Reading:
+    """A file-like view of bytes that copies only what is read (``io.BytesIO`` copies a
+    ``memoryview`` whole)."""
+
+    __slots__ = ("at", "data")
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self.data, self.at = memoryview(data), 0
+
+    def read(self, n: int) -> bytes:
+        chunk = self.data[self.at:self.at + n].tobytes()
+        self.at += len(chunk)
+        return chunk
+
+
 def unpack_pair_head(data: bytes | memoryview) -> tuple[list[Any], int, int]:
     """The head of a ``packb([keys, values])`` pair: the decoded keys, where the values' array
     starts in ``data`` and how many items it announces, without decoding any value (a lazy
     restore reads only this much of a part)."""
     try:
-        unpacker = msgpack.Unpacker(io.BytesIO(data), raw=False, strict_map_key=False,
+        unpacker = msgpack.Unpacker(_Reading(data), raw=False, strict_map_key=False,
                                     ext_hook=_ext_hook, use_list=True, read_size=1 << 16,
                                     max_buffer_size=max(len(data), 1 << 20))
         if unpacker.read_array_header() != 2:
@@ -229,3 +243,19 @@ def unpack_pair_head(data: bytes | memoryview) -> tuple[list[Any], int, int]:
     if type(keys) is not list:
         raise SerializationError("cannot decode state bytes: the keys are not an array")
     return keys, at, count
+
+
+def pair_head_length(data: bytes | memoryview) -> int:
+    """How many bytes the head of a ``packb([keys, values])`` pair takes (its array header and
+    the keys), found by skipping the keys without decoding them."""
+    try:
+        unpacker = msgpack.Unpacker(_Reading(data), read_size=1 << 16,
+                                    max_buffer_size=max(len(data), 1 << 20))
+        if unpacker.read_array_header() != 2:
+            raise SerializationError("cannot decode state bytes: not a pair of arrays")
+        unpacker.skip()
+        return int(unpacker.tell())
+    except SerializationError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on damaged input
+        raise SerializationError(f"cannot decode state bytes: {exc}") from exc

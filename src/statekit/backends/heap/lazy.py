@@ -1,8 +1,10 @@
 """Lazy restore of heap state: values stay in their serialized parts until first needed.
 
-A restore reads every part (checksummed, as always) but decodes only its keys; each key maps to
-its :class:`LazyPart`, whose values are decoded when one of its keys is first accessed, or ahead of
-time by a background thread (:class:`LazyValues`).  Only the processing thread installs decoded
+A restore reads and checks only each part's head (its keys, with the checksum recorded for them)
+and decodes the keys; each key maps to its :class:`LazyPart`, whose bytes are read, checked and
+decoded when one of its keys is first accessed, or ahead of time by a background thread
+(:class:`LazyValues`).  (Parts of entries written without head checksums are read whole at
+restore.)  Only the processing thread installs decoded
 values into the live table, a part at a time, so a part's keys are either all pending or all in
 the table: a snapshot writes a still-pending part's bytes through unchanged, and reads nothing
 twice.
@@ -10,6 +12,7 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +20,7 @@ from itertools import repeat
 from typing import Any
 
 from statekit.backends.plainparts import plain_parts
+from statekit.checkpoint.checksum import crc32
 from statekit.errors import CorruptCheckpointError, SerializationError
 from statekit.serde.msgpack import unpack_pair_head, unpackb
 
@@ -26,35 +30,82 @@ DECODE_AHEAD = 4
 
 
 class LazyPart:
-    """One restored plain part: its (converted) keys, its bytes, where the values start, and the
-    entries kept (``keep``: None for all; otherwise the indices kept by a rescale's key filter).
-    ``dropped`` holds kept keys a later changelog overrode (not to be installed)."""
+    """One restored plain part: its (converted) keys, its bytes (``raw``, or ``load`` to read
+    them), where the values start (``at``: the head's length), and the entries kept (``keep``:
+    None for all; otherwise the indices kept by a rescale's key filter).  ``dropped`` holds kept
+    keys a later changelog overrode (not to be installed)."""
 
-    __slots__ = ("at", "check", "count", "decoded", "dropped", "failed", "keep", "keys", "name",
-                 "raw")
+    __slots__ = ("at", "check", "count", "decoded", "dropped", "failed", "head_crc", "keep",
+                 "keys", "load", "name", "raw", "source", "unverified")
 
-    def __init__(self, name: str, raw: bytes, keys: list[Any], at: int, count: int,
-                 keep: list[int] | None, check: Callable[[list[Any]], None]) -> None:
+    def __init__(self, name: str, raw: bytes | memoryview | None, keys: list[Any], at: int,
+                 count: int, keep: list[int] | None, check: Callable[[list[Any]], None], *,
+                 source: tuple[Any, dict[str, Any], list[int]] | None = None,
+                 head_crc: int | None = None) -> None:
         self.name, self.raw, self.keys, self.at, self.count = name, raw, keys, at, count
-        self.keep, self.check = keep, check
+        self.keep, self.check, self.head_crc = keep, check, head_crc
+        # where its bytes are: (reader, data handle, [offset, length, crc])
+        self.source = source
+        self.load: Callable[[], bytes | memoryview] | None = None if source is None else (
+            lambda: source[0].read(source[1], *source[2]))
         self.dropped: set[Any] | None = None
         self.decoded: list[Any] | None = None  # values decoded ahead, not installed yet
         self.failed = False  # a decode of its values failed (raised wherever they are needed)
+        # ``check_keys()`` of keys not checked against their recorded key groups yet
+        self.unverified: Callable[[list[Any]], None] | None = None
 
     @property
     def whole(self) -> bool:
         """The part's bytes are exactly its pending entries (a snapshot may write them through)."""
         return self.keep is None and not self.dropped
 
-    def values(self) -> list[Any]:
-        """The kept keys' plain values (decoded ahead, or now), each part checked as every restore
-        checks one: as many values as keys, of the entry's kind and types."""
+    def _bytes(self) -> bytes | memoryview:
+        """The part's bytes: held, or read now (checked against the part's checksum, and its
+        head against the keys this part was restored with)."""
+        raw = self.raw
+        if raw is not None:
+            return raw
+        assert self.load is not None
+        return self.checked(self.load())
+
+    def checked(self, raw: bytes | memoryview) -> bytes | memoryview:
+        """The part's bytes, read now, after checking their head against the restored keys'."""
+        if crc32(memoryview(raw)[:self.at]) != self.head_crc:
+            self.failed = True
+            raise CorruptCheckpointError(f"state '{self.name}': a part differs from its head")
+        return raw
+
+    def hold(self) -> bytes | memoryview:
+        """The part's bytes, kept from now on (a snapshot that writes them through: the files
+        they were restored from may be deleted once it completes)."""
+        if self.raw is None:
+            self.raw = self._bytes()
+        return self.raw
+
+    def verify(self) -> None:
+        """Check the keys against the key groups their snapshot recorded, if that was left for
+        later (before any of them is installed or written)."""
+        check_keys = self.unverified
+        if check_keys is not None:
+            try:
+                check_keys(self.keys)
+            except CorruptCheckpointError:
+                self.failed = True
+                raise
+            self.unverified = None
+
+    def values(self, raw: bytes | memoryview | None = None) -> list[Any]:
+        """The kept keys' plain values (decoded ahead, or now from ``raw`` if given, just read),
+        each part checked as every restore checks one: keys inside their recorded key groups, as
+        many values as keys, of the entry's kind and types."""
         values = self.decoded
         if values is not None:
             return values
+        self.verify()
+        raw = self._bytes() if raw is None or self.raw is not None else self.checked(raw)
         try:
             try:
-                values = unpackb(memoryview(self.raw)[self.at:])
+                values = unpackb(memoryview(raw)[self.at:])
             except SerializationError as exc:
                 raise CorruptCheckpointError(
                     f"state '{self.name}': malformed values ({exc})") from None
@@ -77,7 +128,7 @@ class LazyPart:
         return keys, values
 
 
-def read_head(name: str, raw: bytes) -> tuple[list[Any], int, int]:
+def read_head(name: str, raw: bytes | memoryview) -> tuple[list[Any], int, int]:
     """A part's plain keys, where its values start and how many there are; a part that is no pair
     of equally long arrays is a CorruptCheckpointError here, at restore."""
     try:
@@ -109,13 +160,14 @@ class LazyValues:
         self._stop = False
 
     def add(self, part: LazyPart) -> None:
-        """Index a restored part's keys (a later part's key replaces an earlier one's)."""
+        """Index a restored part's keys; a key already pending (or twice in the part) is a
+        CorruptCheckpointError: the sources of one restore hold disjoint keys."""
         pending = self.pending
-        if pending:
-            for key in pending.keys() & part.keys:
-                self.drop_from(pending[key], key)
+        before = len(pending)
+        pending.update(zip(part.keys, repeat(part)))
+        if len(pending) - before != len(part.keys):
+            raise CorruptCheckpointError(f"state '{part.name}': a key is restored twice")
         self.parts[id(part)] = part
-        pending.update(dict.fromkeys(part.keys, part))
 
     def drop(self, keys: list[Any]) -> None:
         """Entries restored later (a changelog, another source) override these keys: they are
@@ -174,25 +226,28 @@ class LazyValues:
             self._thread.start()
 
     def _run(self) -> None:
-        done: set[int] = set()
-        while True:
-            with self._cond:
-                while not self._stop and sum(
-                        p.decoded is not None for p in self.parts.values()) >= DECODE_AHEAD:
-                    self._cond.wait(0.5)
-                if self._stop:
-                    return
-                part = next((p for k, p in self.parts.items() if k not in done), None)
-                if part is None:
-                    return
-                done.add(id(part))
-            try:
-                values = part.values()
-            except CorruptCheckpointError:  # marked failed: raised where the values are needed
-                continue
-            with self._cond:
-                if id(part) in self.parts:
-                    part.decoded = values
+        with self._cond:
+            order = list(self.parts.values())
+        try:
+            with contextlib.closing(_read(order)) as reading:
+                for part, raw in reading:
+                    with self._cond:
+                        while not self._stop and sum(
+                                p.decoded is not None for p in self.parts.values()) >= DECODE_AHEAD:
+                            self._cond.wait(0.5)
+                        if self._stop:
+                            return
+                        if id(part) not in self.parts:
+                            continue  # installed meanwhile
+                    try:
+                        values = part.values(raw)
+                    except CorruptCheckpointError:  # marked failed: raised where it is needed
+                        continue
+                    with self._cond:
+                        if id(part) in self.parts:
+                            part.decoded = values
+        except Exception:  # unreadable now: the processing thread reads what it needs itself
+            return
 
     def stop(self) -> None:
         """End the background thread (the owner is disposed) and wait for it."""
@@ -212,17 +267,58 @@ def pending_parts(parts: Iterable[LazyPart], key_plain: Callable[[Any], Any] | N
                   pace: Callable[[], None] | None) -> Iterator[bytes]:
     """Plain parts of a snapshot for parts still pending at its capture: a whole part's bytes
     unchanged (its values never decoded), the rest re-packed from their pending entries."""
-    for part in parts:
+    for part in held(parts):  # kept: the restored files may go once this snapshot completes
         if pace is not None:
             pace()
         if part.failed:
             raise CorruptCheckpointError(f"state '{part.name}': a restored part failed to decode; "
                                          "it is not written into a new snapshot")
+        part.verify()
+        raw = part.hold()
         if part.whole:
-            yield part.raw
+            yield raw
             continue
         keys, values = part.entries()
         yield from plain_parts(keys, values, key_plain=key_plain, pace=pace)
+
+
+def hold_all(parts: Iterable[LazyPart]) -> None:
+    """Keep the bytes of every part (a snapshot written elsewhere: a forked child)."""
+    deque(held(parts), 0)
+
+
+def _same_file(part: LazyPart, after: LazyPart) -> bool:
+    source, last = part.source, after.source
+    return (part.raw is None and source is not None and last is not None
+            and source[0] is last[0] and source[1] is last[1] and source[2][0] > last[2][0])
+
+
+def _read(parts: list[LazyPart]) -> Iterator[tuple[LazyPart, bytes | memoryview | None]]:
+    """Each part with its bytes, just read (None: held already, or read by the part itself):
+    runs of parts from one file are read ahead on the reader's helper thread, each checked
+    against its checksum."""
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if part.raw is not None or part.source is None:
+            yield part, None
+            i += 1
+            continue
+        run = [part]
+        while i + len(run) < len(parts) and _same_file(parts[i + len(run)], run[-1]):
+            run.append(parts[i + len(run)])
+        reader, data, _ = part.source
+        locations = [p.source[2] for p in run]  # type: ignore[index]
+        yield from zip(run, reader.read_parts(data, locations, owned=True), strict=True)
+        i += len(run)
+
+
+def held(parts: Iterable[LazyPart]) -> Iterator[LazyPart]:
+    """The parts, each holding its bytes once yielded (see :func:`_read`)."""
+    for part, raw in _read(list(parts)):
+        if part.raw is None:
+            part.raw = part.checked(raw) if raw is not None else part.hold()
+        yield part
 
 
 def pending_items(parts: Iterable[LazyPart], convert: Callable[[Any], Any] | None

@@ -8,6 +8,7 @@ Indexed entries and changelogs decode at once; entries restored later override e
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -17,7 +18,9 @@ from statekit.backends.kvformat import (
     indexed_chunks,
     log_chunks,
     plain_chunks,
+    plain_heads,
     plain_kept,
+    read_head_keys,
     read_plain_parts,
     value_check,
 )
@@ -84,34 +87,53 @@ class SourceLoad:
                 _put(restored, *self._keep(list(map(key_ser.deserialize, keys)), values))
 
     def _lazy(self, name: str, entry: dict[str, Any], restored: Restored) -> None:
-        """Index a plain entry's parts by key, values left serialized (:class:`LazyPart`)."""
-        backend = self.backend
-        key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
-        key_from = None if key_ser.identity else key_ser.from_plain
+        """Index a plain entry's parts by key, values left serialized (:class:`LazyPart`): only
+        the parts' heads are read when the entry records them, else each part whole."""
         check = value_check(name, entry)
         if restored.lazy is None:
             restored.lazy = LazyValues()
-        for part in read_plain_parts(name, entry, self.reader):
-            raw = bytes(part)  # the reader reuses its buffers
-            keys, at, count = read_head(name, raw)
-            kept = plain_kept(name, keys, self.recorded, rng, maxp)
-            with _malformed_keys(name):
-                if kept is not None:
-                    keys = [keys[i] for i in kept]
-                if key_from is not None:
-                    keys = list(map(key_from, keys))
-                if self.key_check is not None:
-                    self.key_check(keys)
-                if self.key_filter is not None:
-                    keep = self.key_filter
-                    own = [i for i, key in enumerate(keys) if keep(key)]
-                    if len(own) < len(keys):
-                        keys = [keys[i] for i in own]
-                        kept = own if kept is None else [kept[i] for i in own]
-                if not keys:
-                    continue
+        heads = plain_heads(name, entry)
+        if heads is None:
+            for raw in read_plain_parts(name, entry, self.reader, owned=True):
+                keys, at, count = read_head(name, raw)
+                self._add(name, restored, LazyPart(name, raw, keys, at, count, None, check))
+            return
+        data, reader = entry["data"], self.reader
+        for location, (size, crc), keys in read_head_keys(name, entry, reader):
+            self._add(name, restored, LazyPart(name, None, keys, size, len(keys), None, check,
+                                                source=(reader, data, location), head_crc=crc))
+
+    def _add(self, name: str, restored: Restored, part: LazyPart) -> None:
+        """Index the part's keys that this backend keeps (range, key filter), converted."""
+        backend = self.backend
+        key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
+        keys = part.keys
+        recorded = self.recorded
+        if key_ser.identity and rng.start <= recorded.start and recorded.end <= rng.end:
+            # every key is kept: their key groups are checked before any is used or written
+            kept = None
+            part.unverified = functools.partial(plain_kept, name, recorded=recorded,
+                                                mine=recorded, max_parallelism=maxp)
+        else:
+            kept = plain_kept(name, keys, recorded, rng, maxp)
+        with _malformed_keys(name):
+            if kept is not None:
+                keys = [keys[i] for i in kept]
+            if not key_ser.identity:
+                keys = list(map(key_ser.from_plain, keys))
+            if self.key_check is not None:
+                self.key_check(keys)
+            if self.key_filter is not None:
+                keep = self.key_filter
+                own = [i for i, key in enumerate(keys) if keep(key)]
+                if len(own) < len(keys):
+                    keys = [keys[i] for i in own]
+                    kept = own if kept is None else [kept[i] for i in own]
+            if keys:
+                part.keys, part.keep = keys, kept
                 restored.data_drop(keys)
-                restored.lazy.add(LazyPart(name, raw, keys, at, count, kept, check))
+                assert restored.lazy is not None
+                restored.lazy.add(part)
 
     def log(self, name: str, entry: dict[str, Any]) -> None:
         """Apply one changelog entry (per key group: puts' keys, puts' values, removed keys)."""

@@ -312,5 +312,9 @@ class Restored:
         return self.data
 
     def keys(self) -> list[Any]:
-        """Every restored key, decoded or pending."""
-        return [*self.data, *(self.lazy.pending if self.lazy is not None else ())]
+        """Every restored key, decoded or pending (checked against their key groups)."""
+        if self.lazy is None:
+            return list(self.data)
+        for part in self.lazy.parts.values():
+            part.verify()
+        return [*self.data, *self.lazy.pending]
