@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--backend", default="hashmap")
     parser.add_argument("--local", type=int, default=1)
     parser.add_argument("--interval", default="1 s")
+    parser.add_argument("--lazy", type=int, default=1, help="heap: state.backend.heap.lazy-restore")
     args = parser.parse_args()
     from statekit import RestartStrategies, StreamExecutionEnvironment
 
@@ -86,6 +87,8 @@ def main() -> None:
         "state.backend.local-recovery": bool(args.local),
         "taskmanager.state.local.root-dirs": str(root / "local"),
         "state.backend.rocksdb.localdir": str(root / "work"),
+        **({"state.backend.heap.lazy-restore": bool(args.lazy)} if args.backend == "hashmap"
+           else {}),
     })
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(1, 0))
     elements = [(k, True) for k in range(args.keys)] + [(k, False) for k in range(100_000)]
@@ -97,6 +100,7 @@ def main() -> None:
     full = sorted(st.async_seconds for st in done if st.bytes_written >= 0.9 * biggest)
     print(json.dumps({
         "backend": args.backend, "local": bool(args.local), "keys": args.keys,
+        "lazy": bool(args.lazy) and args.backend == "hashmap",
         "restarts": result.restarts, "restore_sources": result.restore_sources,
         "restored": bool(MARKS.get("restored")),
         "failure_to_first_element_s": MARKS["first_element"] - MARKS["failure"],

@@ -12,6 +12,11 @@ One ValueState of ``VALUE_BYTES`` random bytes per key is checkpointed in full t
 * the hot path once everything is installed: reads and updates of restored keys on the lazily
   restored backend against the eagerly restored one, alternating rounds.
 
+``test_restart_through_the_local_runner``: a local-runner job fills the same state, fails after
+a checkpoint of all of it and restarts within the job (``benchmarks/local_recovery_driver.py``, one
+subprocess per case, no local recovery): the failure -> the first element processed after the
+restore, with lazy and with eager restore, against a cold read of the checkpoint's bytes.
+
 Ratios are within one run.  ``STATEKIT_BENCH_QUICK=1`` uses 100k keys; full mode 1M keys x 1100 B
 (1.1 GB) unless ``STATEKIT_BENCH_LAZY_KEYS`` says otherwise.
 Run: ``pytest benchmarks/test_lazy_restore_bench.py -s -o testpaths=benchmarks``.
@@ -19,14 +24,24 @@ Run: ``pytest benchmarks/test_lazy_restore_bench.py -s -o testpaths=benchmarks``
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import QUICK, drop_tree_cache, loadavg, long_serializer, scratch_dir
+from benchmarks._common import (
+    QUICK,
+    drop_tree_cache,
+    loadavg,
+    long_serializer,
+    raw_disk_throughput,
+    scratch_dir,
+)
 
 KEYS = int(os.environ.get("STATEKIT_BENCH_LAZY_KEYS", 100_000 if QUICK else 1_000_000))
 VALUE_BYTES = 1100
@@ -182,4 +197,38 @@ def test_lazy_restore(benchmark: Any) -> None:
     finally:
         for backend in backends:
             backend.dispose()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_restart_through_the_local_runner(benchmark: Any) -> None:
+    benchmark.group = "lazy-restore"
+    root = scratch_dir("lazy-restart")
+    try:
+        runs: dict[str, Any] = {}
+
+        def case(lazy: int) -> None:
+            work = root / f"lazy-{lazy}"
+            done = subprocess.run(
+                [sys.executable, "-m", "benchmarks.local_recovery_driver", "--root", str(work),
+                 "--keys", str(KEYS), "--backend", "hashmap", "--local", "0",
+                 "--lazy", str(lazy)],
+                capture_output=True, text=True, timeout=1800, check=True,
+                cwd=Path(__file__).resolve().parents[1])
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+            shutil.rmtree(work, ignore_errors=True)
+            # the job's checkpoints end with it: the disk's cold read of as many bytes
+            disk = raw_disk_throughput(root / "disk", out["checkpoint_bytes"])
+            out["cold_read_s"] = round(out["checkpoint_bytes"] / disk["read_mb_s"] / 1e6, 4)
+            runs["lazy" if lazy else "eager"] = out
+
+        benchmark.pedantic(lambda: case(1), rounds=1, iterations=1)
+        case(0)
+        ratios = {name: round(r["failure_to_first_element_s"] / r["cold_read_s"], 3)
+                  for name, r in runs.items()}
+        benchmark.extra_info.update({"runs": runs, "first_element_vs_cold_read": ratios,
+                                     "loadavg": loadavg()})
+        print(f"\nrestart through the local runner, {KEYS} keys: {runs}\n  failure -> first "
+              f"element / cold read of the checkpoint: {ratios}")
+        assert all(r["restored"] for r in runs.values())
+    finally:
         shutil.rmtree(root, ignore_errors=True)

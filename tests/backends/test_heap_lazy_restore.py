@@ -26,6 +26,7 @@ from statekit import (
 from statekit.backends import plainparts
 from statekit.backends.heap import HeapKeyedStateBackend
 from statekit.backends.heap import lazy as lazy_module
+from statekit.backends.heap import snapshot as snapshot_module
 from statekit.backends.kvformat import read_plain_entry
 from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.errors import CorruptCheckpointError
@@ -165,6 +166,9 @@ def test_a_checkpoint_writes_pending_parts_through(no_decoder: None, mode: str) 
     again = checkpoint(backend, acc, 2)
     assert set(crcs(handle, "v")) <= set(crcs(again, "v"))  # never decoded: the same bytes
     assert len(set(crcs(handle, "c")) - set(crcs(again, "c"))) == 1
+    if mode == "fork":  # the parts are held now: a forked child writes them through
+        again = checkpoint(backend, acc, 3)
+        assert set(crcs(handle, "v")) <= set(crcs(again, "v"))
     backend.dispose()
     fresh = restored(again, acc)
     assert dump(fresh, range(N)) == expected
@@ -550,9 +554,13 @@ def test_entries_without_heads_restore_lazily_from_whole_parts(no_decoder: None)
     backend.dispose()
 
 
+def _no_fork(*args: Any) -> Any:
+    raise AssertionError("forked")
+
+
 @pytest.mark.parametrize("mode", ["thread", "fork"])
-def test_restored_files_may_go_once_a_checkpoint_completed(no_decoder: None, mode: str,
-                                                           tmp_path: Any) -> None:
+def test_restored_files_may_go_once_a_checkpoint_completed(
+        no_decoder: None, mode: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from statekit import FileSystemCheckpointStorage
 
     acc = FileSystemCheckpointStorage(str(tmp_path / "ck"), 0).create_access("job")
@@ -563,6 +571,8 @@ def test_restored_files_may_go_once_a_checkpoint_completed(no_decoder: None, mod
     backend.dispose()
     fresh = restored(handle, acc, snapshot_mode=mode)
     register(fresh)
+    if mode == "fork":  # values still only on disk: no child reads them behind other threads
+        monkeypatch.setattr(snapshot_module, "fork_serialize", _no_fork)
     checkpoint(fresh, acc, 2)
     gone = [p for p in (tmp_path / "ck").rglob("*") if p.is_file() and "chk-1" in str(p)]
     assert len(gone) > 1  # the metadata and the state files

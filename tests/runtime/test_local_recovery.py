@@ -13,7 +13,7 @@ from statekit import KeyedProcessFunction, RestartStrategies, Types, ValueStateD
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.handles import file_paths
 from statekit.checkpoint.layout import CheckpointStorageAccess
-from statekit.errors import ConfigError, CorruptCheckpointError
+from statekit.errors import ConfigError, CorruptCheckpointError, JobExecutionError
 from statekit.testing.files import walked
 from tests.runtime.envs import env_for, expected_final, final_of
 
@@ -129,10 +129,11 @@ def test_without_local_recovery_the_damaged_remote_copy_fails(tmp_path):
         for f in remote_state_files(tmp_path / "chk"):
             f.write_bytes(b"\0" * f.stat().st_size)
 
-    with pytest.raises(CorruptCheckpointError):
+    with pytest.raises(JobExecutionError) as info:  # the restore reads and checks every byte
         env.from_collection(ITEMS).key_by(lambda x: x[0]).process(
             Failing(damage_remote, lambda: remote_state_files(tmp_path / "chk"))
         ).execute_and_collect()
+    assert isinstance(info.value.__cause__, CorruptCheckpointError)
 
 
 def _spoil(tmp_path, how):

@@ -1,11 +1,9 @@
 """The local runner's job: keyed stateful pipelines without Spark, with Flink's checkpoint and
 restart semantics.
 
-A :class:`LocalJob` runs ``parallelism`` partitions in this process, routed by key group.  The
-source position and every partition's state go into each checkpoint; outputs are released only
-when the checkpoint covering them completes, so after a failure the job restores the latest
-checkpoint, replays the source from its position, and neither state nor collected output sees an
-element twice.
+A :class:`LocalJob` runs ``parallelism`` partitions in this process, routed by key group.  Source
+position and state go into each checkpoint; outputs are released when the checkpoint covering them
+completes, so a restarted job replays the source from its position and sees no element twice.
 """
 
 from __future__ import annotations
@@ -25,7 +23,12 @@ from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorage
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.checkpoint.schema import OPERATOR_STATE, recorded_key_groups
-from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
+from statekit.errors import (
+    CheckpointError,
+    ConfigError,
+    JobExecutionError,
+    StatekitError,
+)
 from statekit.runtime.batch import MODE_KEY, check_batch_job, is_batch, process_bounded
 from statekit.runtime.broadcast import Route, Router
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats
@@ -34,11 +37,7 @@ from statekit.runtime.operator import KeyedOperator
 from statekit.runtime.outputs import CollectResult, Outputs
 from statekit.runtime.restart import RestartTracker
 from statekit.runtime.timers import MAX_WATERMARK
-from statekit.serde.keygroups import (
-    KeyGroupRange,
-    key_group_for_bytes,
-    key_group_range_for_operator,
-)
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes, key_group_range_for_operator
 from statekit.serde.keys import as_key_serializer
 from statekit.serde.types import serializer_for
 from statekit.state.limits import MAX_KEY_SIZE_KEY, MAX_VALUE_SIZE_KEY
@@ -165,12 +164,11 @@ class LocalJob:
                     task.backend.dispose()
 
     def _latest(self, retained: list[int]) -> tuple[int, dict[str, Any]] | None:
-        """The checkpoint a restart restores.  Checked file by file first, unless local recovery
-        may read it from the tasks' copies (the restore then checks each byte it reads, wherever
-        it reads it) and no older checkpoint could stand in for a damaged one."""
+        """The checkpoint a restart restores: checked file by file first only when an older one may
+        stand in for it (the restore checks each byte it reads, wherever and whenever)."""
         if not retained:
             return None
-        if self.local is not None and not self._recover_from_older():
+        if not self._recover_from_older():
             return retained[-1], self.access.load(retained[-1])
         return self.access.latest_valid(retained, self._recover_from_older())
 

@@ -188,11 +188,18 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """
         start = time.perf_counter()
         mode = self.snapshot_mode if self.asynchronous else "sync"
+        if mode == "fork" and self._lazy_on_disk():
+            mode = "thread"  # a forked child would read restored files behind other threads' locks
         strategy = HeapSnapshotStrategy(self, checkpoint_id, streams, savepoint)
         strategy.capture(copy_on_write=mode == "thread")
         run = RUNS[mode](strategy)  # whatever the mode does synchronously happens here
         run.sync_seconds = time.perf_counter() - start
         return run
+
+    def _lazy_on_disk(self) -> bool:
+        """Some values of a lazy restore are still only in the restored files."""
+        lazies = [t.lazy for t in self.tables.values()] + [r.lazy for r in self._restored.values()]
+        return any(p.raw is None for lazy in lazies if lazy is not None for p in lazy.parts.values())
 
     def _must_materialize(self) -> bool:
         base = self._confirmed

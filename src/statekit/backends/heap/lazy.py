@@ -282,11 +282,6 @@ def pending_parts(parts: Iterable[LazyPart], key_plain: Callable[[Any], Any] | N
         yield from plain_parts(keys, values, key_plain=key_plain, pace=pace)
 
 
-def hold_all(parts: Iterable[LazyPart]) -> None:
-    """Keep the bytes of every part (a snapshot written elsewhere: a forked child)."""
-    deque(held(parts), 0)
-
-
 def _same_file(part: LazyPart, after: LazyPart) -> bool:
     source, last = part.source, after.source
     return (part.raw is None and source is not None and last is not None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.heap.capture import Capture, dict_reader
 from statekit.backends.heap.fork import Part, fork_collect, fork_kill, fork_serialize
-from statekit.backends.heap.lazy import LazyPart, hold_all, pending_items, pending_parts
+from statekit.backends.heap.lazy import LazyPart, pending_items, pending_parts
 from statekit.backends.kvformat import (
     KvStateData,
     group_entries,
@@ -435,11 +435,7 @@ class ForkSnapshotRun(SnapshotRun):
 
     def run(self) -> dict[str, Any]:
         self._open = False
-        parts = fork_collect(self._pid, self._fd)
-        if not self._strategy.savepoint:  # what the child wrote through, kept here too
-            for pending in self._strategy.pending.values():
-                hold_all(pending)
-        return self._strategy.finish(parts)
+        return self._strategy.finish(fork_collect(self._pid, self._fd))
 
     def cancel(self) -> None:
         if self._open:
