@@ -10,19 +10,19 @@ entries only, is still read.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from statekit.backends.kinds import stored_check
 from statekit.backends.kvschema import check_kv_states
+from statekit.backends.plainheads import check_head, headed, part_index, plain_heads
 from statekit.backends.plainparts import PACE_SLICE
 from statekit.checkpoint import schema
-from statekit.checkpoint.checksum import crc32, part_locations
+from statekit.checkpoint.checksum import part_locations
 from statekit.errors import CorruptCheckpointError, SerializationError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes, key_groups_for_bytes
 from statekit.serde.keys import plain_key_bytes, plain_key_groups
-from statekit.serde.msgpack import packb, pair_head_length, unpack_each, unpackb
+from statekit.serde.msgpack import packb, unpack_each, unpackb
 
 if TYPE_CHECKING:
     from statekit.backends.base import KeyedStateBackend, StateMeta
@@ -254,87 +254,10 @@ def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], 
     """Write the parts of one plain state entry (each written while the next is produced), with
     the length and checksum of each part's head."""
     heads: list[list[int]] = []
-    handle, locations = streams.write_parts(_headed(parts, heads), state_name=name,
+    handle, locations = streams.write_parts(headed(parts, heads), state_name=name,
                                             shared_name=shared_name)
     return {"layout": layout, "kind": kind, "encoding": "plain", "data": handle,
             "parts": locations, "heads": heads}
-
-
-def _headed(parts: Iterable[bytes], heads: list[list[int]]) -> Iterator[bytes]:
-    for part in parts:
-        length = pair_head_length(part)
-        heads.append([length, crc32(memoryview(part)[:length])])
-        yield part
-
-
-def plain_heads(name: str, entry: dict[str, Any]) -> list[list[int]] | None:
-    """The entry's part heads (None: an entry written before they were recorded)."""
-    heads = entry.get("heads")
-    if heads is None:
-        return None
-    if type(heads) not in (list, tuple) or len(heads) != len(entry.get("parts") or ()):
-        raise CorruptCheckpointError(f"state '{name}': malformed part heads")
-    return list(heads)
-
-
-def check_head(name: str, n: int, part: bytes | memoryview, head: Any) -> None:
-    """CorruptCheckpointError unless ``head`` records part ``n``'s head: its length and checksum
-    (every reader checks them, so none reads an entry a lazy restore would refuse)."""
-    try:
-        size, crc = int(head[0]), int(head[1])
-        if len(head) != 2:
-            raise ValueError(head)
-    except (TypeError, ValueError, IndexError, KeyError) as exc:
-        raise CorruptCheckpointError(f"state '{name}': malformed part heads") from exc
-    try:
-        found = pair_head_length(part)
-    except SerializationError as exc:
-        raise CorruptCheckpointError(f"state '{name}' part {n}: malformed ({exc})") from None
-    if size != found or crc32(memoryview(part)[:size]) != crc:
-        raise CorruptCheckpointError(f"state '{name}' part {n}: its head does not match its "
-                                     "recorded length and checksum")
-
-
-#: head reads of one entry in flight at once (each a small ranged read: local seeks, remote
-#: round trips)
-HEAD_READERS = 4
-
-
-def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
-                   ) -> Iterator[tuple[list[int], list[int], list[Any]]]:
-    """``(location, [head length, head crc], plain keys)`` of each part of a plain entry that
-    records heads, in order: only the heads are read (on :data:`HEAD_READERS` threads) and each
-    is checked against its checksum."""
-    heads = plain_heads(name, entry)
-    assert heads is not None
-    locations, data = part_index(name, entry), entry["data"]
-    checked = []
-    for head, (_, length, _) in zip(heads, locations, strict=True):
-        try:
-            size, crc = int(head[0]), int(head[1])
-            if len(head) != 2:
-                raise ValueError(head)
-        except (TypeError, ValueError, IndexError, KeyError) as exc:
-            raise CorruptCheckpointError(f"state '{name}': malformed part heads") from exc
-        if not 2 <= size <= length:
-            raise CorruptCheckpointError(f"state '{name}': malformed part heads")
-        checked.append([size, crc])
-
-    def keys_of(n: int) -> list[Any]:
-        head = reader.read(data, locations[n][0], *checked[n])
-        try:
-            if head[0] != 0x92:
-                raise SerializationError("not a pair of arrays")
-            keys = unpackb(memoryview(head)[1:])
-        except SerializationError as exc:
-            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed ({exc})") from None
-        if type(keys) is not list:
-            raise CorruptCheckpointError(f"state '{name}' part {n}: malformed")
-        return keys
-
-    with ThreadPoolExecutor(HEAD_READERS, thread_name_prefix="statekit-heads") as pool:
-        for n, keys in enumerate(pool.map(keys_of, range(len(locations)))):
-            yield locations[n], checked[n], keys
 
 
 def read_plain_parts(name: str, entry: dict[str, Any], reader: StateReader, *,
@@ -342,14 +265,6 @@ def read_plain_parts(name: str, entry: dict[str, Any], reader: StateReader, *,
     """The parts of a plain state entry, each verified against its checksum (a ``memoryview``
     is valid until the next part is requested, or for as long as it is kept with ``owned``)."""
     return reader.read_parts(entry["data"], part_index(name, entry), owned=owned)
-
-
-def part_index(name: str, entry: dict[str, Any]) -> list[list[int]]:
-    """A plain entry's ``[offset, length, crc]`` per part."""
-    try:
-        return [[int(offset), int(length), int(crc)] for offset, length, crc in entry["parts"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"state '{name}': malformed part index") from exc
 
 
 def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader

@@ -18,12 +18,12 @@ from statekit.backends.kvformat import (
     indexed_chunks,
     log_chunks,
     plain_chunks,
-    plain_heads,
     plain_kept,
-    read_head_keys,
     read_plain_parts,
     value_check,
 )
+from statekit.backends.plainheads import plain_heads, read_head_keys
+from statekit.backends.timers import TIMERS_KIND
 from statekit.checkpoint.reader import StateReader
 from statekit.errors import CorruptCheckpointError, StatekitError
 from statekit.serde.keygroups import KeyGroupRange
@@ -71,7 +71,7 @@ class SourceLoad:
         restored = backend.restored_entry(name, entry)
         key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
         if entry.get("encoding") == "plain":
-            if backend.lazy_restore:
+            if backend.lazy_restore and entry.get("kind") != TIMERS_KIND:  # (queues need all)
                 self._lazy(name, entry, restored)
                 return
             key_from = None if key_ser.identity else key_ser.from_plain
