@@ -17,19 +17,23 @@ a checkpoint of all of it and restarts within the job (``benchmarks/local_recove
 subprocess per case, no local recovery): the failure -> the first element processed after the
 restore, with lazy and with eager restore, against a cold read of the checkpoint's bytes.
 
-Ratios are within one run.  ``STATEKIT_BENCH_QUICK=1`` uses 100k keys; full mode 1M keys x 1100 B
-(1.1 GB) unless ``STATEKIT_BENCH_LAZY_KEYS`` says otherwise.
+The resident set's growth over each restore (sampled every 5 ms until every value is installed) is
+reported against the checkpoint's size.  Ratios are within one run.  ``STATEKIT_BENCH_QUICK=1``
+uses 100k keys; full mode 1M keys x 1100 B (1.1 GB) unless ``STATEKIT_BENCH_LAZY_KEYS`` /
+``STATEKIT_BENCH_LAZY_VALUE_BYTES`` say otherwise.
 Run: ``pytest benchmarks/test_lazy_restore_bench.py -s -o testpaths=benchmarks``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,7 @@ from benchmarks._common import (
 )
 
 KEYS = int(os.environ.get("STATEKIT_BENCH_LAZY_KEYS", 100_000 if QUICK else 1_000_000))
-VALUE_BYTES = 1100
+VALUE_BYTES = int(os.environ.get("STATEKIT_BENCH_LAZY_VALUE_BYTES", 1100))
 HOT_OPS = 200_000
 _POOL = os.urandom(8 * 1024 * 1024)
 
@@ -97,8 +101,34 @@ def _checkpoint(backend: Any, access: Any, cid: int) -> tuple[dict[str, Any], fl
     return handle, time.perf_counter() - t0, streams.bytes_written
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _PeakRss:
+    """The process's resident set sampled every 5 ms on a thread: its growth over the start."""
+
+    def __init__(self) -> None:
+        self.base = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def growth(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, _rss()) - self.base
+
+
 def _restore(handle: dict[str, Any], access: Any, root: Path, lazy: bool) -> tuple[Any, dict]:
     _cold(root)
+    gc.collect()
+    peak = _PeakRss()
     backend = _backend(lazy)
     t0 = time.perf_counter()
     backend.restore([handle], access.reader())
@@ -111,8 +141,9 @@ def _restore(handle: dict[str, Any], access: Any, root: Path, lazy: bool) -> tup
     while backend.pending_restore():  # a processing thread taking its slow path now and then
         backend.prepare_snapshot()
         time.sleep(0.0005)
+    done = time.perf_counter() - t0
     return backend, {"restore_s": round(restored, 4), "first_element_s": round(first, 4),
-                     "all_installed_s": round(time.perf_counter() - t0, 4)}
+                     "all_installed_s": round(done, 4), "rss_growth_bytes": peak.growth()}
 
 
 def _hot(backend: Any, keys: list[int]) -> float:
@@ -187,6 +218,8 @@ def test_lazy_restore(benchmark: Any) -> None:
             "lazy_restore_read_vs_cold_read": round(cold_s / lazy_box["restore_s"], 3),
             "lazy_first_element_vs_cold_read": round(lazy_box["first_element_s"] / cold_s, 3),
             "eager_first_element_vs_cold_read": round(eager_t["first_element_s"] / cold_s, 3),
+            "eager_peak_rss_growth_vs_checkpoint": round(eager_t["rss_growth_bytes"] / nbytes, 3),
+            "lazy_peak_rss_growth_vs_checkpoint": round(lazy_box["rss_growth_bytes"] / nbytes, 3),
             "lazy_checkpoint_vs_eager_checkpoint": round(through_s / eager_ckpt_s, 3),
             "hot_path_lazy_vs_eager": round(statistics.median(lazy_runs)
                                             / statistics.median(eager_runs), 3),
