@@ -3,11 +3,10 @@
 A restore reads and checks only each part's head (its keys, with the checksum recorded for them)
 and decodes the keys; each key maps to its :class:`LazyPart`, whose bytes are read, checked and
 decoded when one of its keys is first accessed, or ahead of time by a background thread
-(:class:`LazyValues`).  (Parts of entries written without head checksums are read whole at
-restore.)  Only the processing thread installs decoded
-values into the live table, a part at a time, so a part's keys are either all pending or all in
-the table: a snapshot writes a still-pending part's bytes through unchanged, and reads nothing
-twice.
+(:class:`LazyValues`); parts of entries written without head checksums are read whole at
+restore.  Only the processing thread installs decoded values into the live table, a part at a
+time, so a part's keys are either all pending or all in the table: a snapshot writes a
+still-pending part's bytes through unchanged, and reads nothing twice.
 """
 
 from __future__ import annotations
@@ -146,8 +145,8 @@ class LazyValues:
 
     The processing thread asks for parts (:meth:`take`) and installs what they hold; a background
     thread (:meth:`start`) decodes up to :data:`DECODE_AHEAD` parts ahead of it, so a key the job
-    reaches later finds its values ready.  A decode that fails is kept and raised to the
-    processing thread when it takes that part (never installed, never written through).
+    reaches later finds its values ready.  A part that fails to decode is marked and raised to
+    the processing thread when it takes that part (never installed, never written through).
     """
 
     __slots__ = ("_cond", "_stop", "_thread", "parts", "pending")
