@@ -95,6 +95,13 @@ def source(n: int = N, **kw: Any) -> tuple[dict[str, Any], CheckpointStorageAcce
     return handle, acc, expected
 
 
+def assert_restores(handle: dict[str, Any], acc: CheckpointStorageAccess, expected: dict) -> None:
+    """A fresh backend restored from ``handle`` holds exactly ``expected``."""
+    fresh = restored(handle, acc)
+    assert dump(fresh, range(N)) == expected
+    fresh.dispose()
+
+
 def register(backend: HeapKeyedStateBackend) -> None:
     for descriptor in (VALUE, LIST, MAP, COUNT):
         backend.get_partitioned_state(descriptor)
@@ -170,9 +177,7 @@ def test_a_checkpoint_writes_pending_parts_through(no_decoder: None, mode: str) 
         again = checkpoint(backend, acc, 3)
         assert set(crcs(handle, "v")) <= set(crcs(again, "v"))
     backend.dispose()
-    fresh = restored(again, acc)
-    assert dump(fresh, range(N)) == expected
-    fresh.dispose()
+    assert_restores(again, acc, expected)
 
 
 def test_writes_while_a_snapshot_is_pending(no_decoder: None) -> None:
@@ -300,9 +305,7 @@ def test_states_not_registered_are_carried_over_lazily(no_decoder: None) -> None
     assert set(crcs(handle, "m")) == set(crcs(again, "m"))
     backend.dispose()
     for h in (again, savepoint):
-        fresh = restored(h, acc)
-        assert dump(fresh, range(N)) == expected
-        fresh.dispose()
+        assert_restores(h, acc, expected)
 
 
 def test_key_enumeration_sees_pending_keys(no_decoder: None) -> None:

@@ -43,15 +43,21 @@ def plain_heads(name: str, entry: dict[str, Any]) -> list[list[int]] | None:
     return list(heads)
 
 
-def check_head(name: str, n: int, part: bytes | memoryview, head: Any) -> None:
-    """CorruptCheckpointError unless ``head`` records part ``n``'s head: its length and checksum
-    (every reader checks them, so none reads an entry a lazy restore would refuse)."""
+def _head(name: str, head: Any) -> tuple[int, int]:
+    """``(length, crc)`` of one recorded head."""
     try:
         size, crc = int(head[0]), int(head[1])
         if len(head) != 2:
             raise ValueError(head)
     except (TypeError, ValueError, IndexError, KeyError) as exc:
         raise CorruptCheckpointError(f"state '{name}': malformed part heads") from exc
+    return size, crc
+
+
+def check_head(name: str, n: int, part: bytes | memoryview, head: Any) -> None:
+    """CorruptCheckpointError unless ``head`` records part ``n``'s head: its length and checksum
+    (every reader checks them, so none reads an entry a lazy restore would refuse)."""
+    size, crc = _head(name, head)
     try:
         found = pair_head_length(part)
     except SerializationError as exc:
@@ -76,12 +82,7 @@ def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
     locations, data = part_index(name, entry), entry["data"]
     checked = []
     for head, (_, length, _) in zip(heads, locations, strict=True):
-        try:
-            size, crc = int(head[0]), int(head[1])
-            if len(head) != 2:
-                raise ValueError(head)
-        except (TypeError, ValueError, IndexError, KeyError) as exc:
-            raise CorruptCheckpointError(f"state '{name}': malformed part heads") from exc
+        size, crc = _head(name, head)
         if not 2 <= size <= length:
             raise CorruptCheckpointError(f"state '{name}': malformed part heads")
         checked.append([size, crc])
