@@ -1,9 +1,11 @@
 """The local runner's job: keyed stateful pipelines without Spark, with Flink's checkpoint and
 restart semantics.
 
-A :class:`LocalJob` runs ``parallelism`` partitions in this process, routed by key group.  Source
-position and state go into each checkpoint; outputs are released when the checkpoint covering them
-completes, so a restarted job replays the source from its position and sees no element twice.
+A :class:`LocalJob` runs ``parallelism`` partitions in this process, routed by key group.  The
+source position and every partition's state go into each checkpoint; outputs are released only
+when the checkpoint covering them completes, so after a failure the job restores the latest
+checkpoint, replays the source from its position, and neither state nor collected output sees an
+element twice.
 """
 
 from __future__ import annotations
@@ -23,12 +25,7 @@ from statekit.checkpoint.layout import RECOVER_FROM_OLDER_KEY, CheckpointStorage
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.savepoint import Savepoint, open_external
 from statekit.checkpoint.schema import OPERATOR_STATE, recorded_key_groups
-from statekit.errors import (
-    CheckpointError,
-    ConfigError,
-    JobExecutionError,
-    StatekitError,
-)
+from statekit.errors import CheckpointError, ConfigError, JobExecutionError, StatekitError
 from statekit.runtime.batch import MODE_KEY, check_batch_job, is_batch, process_bounded
 from statekit.runtime.broadcast import Route, Router
 from statekit.runtime.coordinator import CheckpointCoordinator, CheckpointStats

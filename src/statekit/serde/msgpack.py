@@ -9,11 +9,12 @@ is written and when forged bytes are read, never a C stack overflow.
 from __future__ import annotations
 
 import array
+import contextlib
 import datetime as _dt
 import decimal
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -186,10 +187,21 @@ def unpack_each(encoded: list[bytes]) -> list[Any]:
     return unpackb(array_header(len(encoded)) + b"".join(encoded)) if encoded else []
 
 
+@contextlib.contextmanager
+def _decoding() -> Iterator[None]:
+    """Whatever msgpack raises on damaged input (several unrelated types) as SerializationError."""
+    try:
+        yield
+    except SerializationError:
+        raise
+    except Exception as exc:
+        raise SerializationError(f"cannot decode state bytes: {exc}") from exc
+
+
 def unpack_array_ends(data: bytes) -> tuple[list[Any], int, list[int]]:
     """Decode an array made by :func:`packb`: its items, where the first item starts and where
     each item ends in ``data`` (so a caller can reuse the encoded items without encoding again)."""
-    try:
+    with _decoding():
         unpacker = msgpack.Unpacker(None, raw=False, strict_map_key=False, ext_hook=_ext_hook,
                                     use_list=True, max_buffer_size=max(len(data), 1 << 20))
         unpacker.feed(data)
@@ -199,10 +211,6 @@ def unpack_array_ends(data: bytes) -> tuple[list[Any], int, list[int]]:
         for _ in range(n):
             items.append(unpacker.unpack())
             ends.append(unpacker.tell())
-    except SerializationError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types on damaged input
-        raise SerializationError(f"cannot decode state bytes: {exc}") from exc
     if (ends[-1] if ends else start) != len(data):
         raise SerializationError("cannot decode state bytes: trailing data after the array")
     return items, start, ends
@@ -223,23 +231,25 @@ class _Reading:
         return chunk
 
 
+def _after_pair_header(data: bytes | memoryview, **options: Any) -> msgpack.Unpacker:
+    """An unpacker over ``data`` read past the header of a ``packb([keys, values])`` pair."""
+    unpacker = msgpack.Unpacker(_Reading(data), read_size=1 << 16,
+                                max_buffer_size=max(len(data), 1 << 20), **options)
+    if unpacker.read_array_header() != 2:
+        raise SerializationError("cannot decode state bytes: not a pair of arrays")
+    return unpacker
+
+
 def unpack_pair_head(data: bytes | memoryview) -> tuple[list[Any], int, int]:
     """The head of a ``packb([keys, values])`` pair: the decoded keys, where the values' array
     starts in ``data`` and how many items it announces, without decoding any value (a lazy
     restore reads only this much of a part)."""
-    try:
-        unpacker = msgpack.Unpacker(_Reading(data), raw=False, strict_map_key=False,
-                                    ext_hook=_ext_hook, use_list=True, read_size=1 << 16,
-                                    max_buffer_size=max(len(data), 1 << 20))
-        if unpacker.read_array_header() != 2:
-            raise SerializationError("cannot decode state bytes: not a pair of arrays")
+    with _decoding():
+        unpacker = _after_pair_header(data, raw=False, strict_map_key=False, ext_hook=_ext_hook,
+                                      use_list=True)
         keys = unpacker.unpack()
         at = unpacker.tell()
         count = unpacker.read_array_header()
-    except SerializationError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types on damaged input
-        raise SerializationError(f"cannot decode state bytes: {exc}") from exc
     if type(keys) is not list:
         raise SerializationError("cannot decode state bytes: the keys are not an array")
     return keys, at, count
@@ -248,14 +258,7 @@ def unpack_pair_head(data: bytes | memoryview) -> tuple[list[Any], int, int]:
 def pair_head_length(data: bytes | memoryview) -> int:
     """How many bytes the head of a ``packb([keys, values])`` pair takes (its array header and
     the keys), found by skipping the keys without decoding them."""
-    try:
-        unpacker = msgpack.Unpacker(_Reading(data), read_size=1 << 16,
-                                    max_buffer_size=max(len(data), 1 << 20))
-        if unpacker.read_array_header() != 2:
-            raise SerializationError("cannot decode state bytes: not a pair of arrays")
+    with _decoding():
+        unpacker = _after_pair_header(data)
         unpacker.skip()
         return int(unpacker.tell())
-    except SerializationError:
-        raise
-    except Exception as exc:  # msgpack raises several unrelated types on damaged input
-        raise SerializationError(f"cannot decode state bytes: {exc}") from exc

@@ -196,10 +196,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         run.sync_seconds = time.perf_counter() - start
         return run
 
+    def _lazies(self) -> list[LazyValues]:
+        """The pending parts of every lazily restored state, registered or not."""
+        found = [t.lazy for t in self.tables.values()] + [r.lazy for r in self._restored.values()]
+        return [lazy for lazy in found if lazy is not None]
+
     def _lazy_on_disk(self) -> bool:
         """Some values of a lazy restore are still only in the restored files."""
-        lazies = [t.lazy for t in self.tables.values()] + [r.lazy for r in self._restored.values()]
-        return any(p.raw is None for lazy in lazies if lazy is not None for p in lazy.parts.values())
+        return any(p.raw is None for lazy in self._lazies() for p in lazy.parts.values())
 
     def _must_materialize(self) -> bool:
         base = self._confirmed
@@ -253,8 +257,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def pending_restore(self) -> int:
         """Restored entries whose values are still serialized (a lazy restore), 0 once all are
         installed."""
-        return (sum(len(t.lazy) for t in self.tables.values() if t.lazy is not None)
-                + sum(len(r.lazy) for r in self._restored.values() if r.lazy is not None))
+        return sum(map(len, self._lazies()))
 
     def finish_restore(self) -> None:
         """Decode and install every value a lazy restore left serialized, now."""

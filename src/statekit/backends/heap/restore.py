@@ -52,16 +52,24 @@ class SourceLoad:
         self.backend, self.reader, self.recorded = backend, reader, recorded
         self.key_filter, self.skip_states, self.key_check = key_filter, skip_states, key_check
 
-    def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The entries the key filter keeps, after checking the keys' type when the snapshot's
-        key type asks for it (generic keys restored under a declared key type)."""
+    def _own(self, keys: list[Any]) -> list[int] | None:
+        """The indices of the keys the key filter keeps (None: all of them), after checking the
+        keys' type when the snapshot's key type asks for it (generic keys restored under a
+        declared key type)."""
         if self.key_check is not None:
             self.key_check(keys)
         keep = self.key_filter
         if keep is None:
+            return None
+        own = [i for i, key in enumerate(keys) if keep(key)]
+        return None if len(own) == len(keys) else own
+
+    def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The entries the key filter keeps (see :meth:`_own`)."""
+        own = self._own(keys)
+        if own is None:
             return keys, values
-        kept = [i for i, key in enumerate(keys) if keep(key)]
-        return [keys[i] for i in kept], [values[i] for i in kept]
+        return [keys[i] for i in own], [values[i] for i in own]
 
     def entry(self, name: str, entry: dict[str, Any]) -> None:
         """Add one state entry's entries inside this backend's key groups."""
@@ -121,14 +129,10 @@ class SourceLoad:
                 keys = [keys[i] for i in kept]
             if not key_ser.identity:
                 keys = list(map(key_ser.from_plain, keys))
-            if self.key_check is not None:
-                self.key_check(keys)
-            if self.key_filter is not None:
-                keep = self.key_filter
-                own = [i for i, key in enumerate(keys) if keep(key)]
-                if len(own) < len(keys):
-                    keys = [keys[i] for i in own]
-                    kept = own if kept is None else [kept[i] for i in own]
+            own = self._own(keys)
+            if own is not None:
+                keys = [keys[i] for i in own]
+                kept = own if kept is None else [kept[i] for i in own]
             if keys:
                 part.keys, part.keep = keys, kept
                 restored.data_drop(keys)
