@@ -119,3 +119,36 @@ def test_failing_local_write_spoils_only_the_copy(setup, monkeypatch):
     assert remote.reader().read(parts) == b"a" * 100 + b"b" * 100  # the checkpoint is whole
     assert not local.complete(1, handle)
     assert local.reader(1, handle) is None and local.last_source == "missing"
+
+
+def _fallback_setup(setup):
+    """A copy whose second part is damaged (same size): its reader, armed or not."""
+    from statekit.checkpoint.localstate import FallbackReader
+
+    remote, local, _ = setup
+    payload = bytes(range(256)) * 4
+    streams = local.streams(1, remote.streams(1, "task"))
+    handle, parts = streams.write_parts([payload[:400], payload[400:800], payload[800:]],
+                                        state_name="s")
+    assert local.complete(1, handle)
+    copy = local.directory / "chk-1" / handle["path"]
+    data = bytearray(copy.read_bytes())
+    data[500] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    reader = FallbackReader(local.reader(1, handle), remote.reader())
+    return reader, handle, parts, payload
+
+
+def test_fallback_reader_reads_damaged_parts_from_checkpoint_storage_once_armed(setup):
+    from statekit.errors import ChecksumMismatchError
+
+    reader, handle, parts, payload = _fallback_setup(setup)
+    with pytest.raises(ChecksumMismatchError):  # during the restore: the caller falls back whole
+        list(reader.read_parts(handle, parts, owned=True))
+    assert not reader.failed
+    reader.arm()
+    got = [bytes(p) for p in reader.read_parts(handle, parts, owned=True)]
+    assert b"".join(got) == payload and len(got) == 3
+    assert reader.failed  # later reads go to checkpoint storage directly
+    assert reader.read(handle, *parts[1]) == payload[400:800]
+    assert reader.read(handle) == payload

@@ -26,7 +26,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,75 @@ class TaskLocalStateStore:
         for p in pending:
             p.discard()
         _remove_tree(self.directory)
+
+
+class FallbackReader(StateReader):
+    """Reads a local copy, and once :meth:`arm` is called (the restore has returned), reads from
+    checkpoint storage whatever the copy fails to give: a lazy restore reads its values long
+    after the restore, when falling back as a whole is no longer possible.  Every byte is still
+    checked against the handle's CRC-32 either way, so the state is exact; once the copy failed
+    a read, every later read goes to checkpoint storage."""
+
+    def __init__(self, local: StateReader, remote: StateReader) -> None:
+        super().__init__(local.store)
+        self.local, self.remote = local, remote
+        self.armed = False
+        self.failed = False
+
+    def arm(self) -> None:
+        """From now on a failing read of the local copy reads checkpoint storage instead."""
+        self.armed = True
+
+    def _use_local(self) -> bool:
+        return not (self.armed and self.failed)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        if not self.armed:
+            raise exc
+        self.failed = True
+        log.warning("a read of the local copy failed (%s); reading checkpoint storage instead",
+                    exc)
+
+    def read(self, handle: dict[str, Any], offset: int | None = None, length: int | None = None,
+             crc: int | None = None) -> bytes:
+        if self._use_local():
+            try:
+                return self.local.read(handle, offset, length, crc)
+            except (StatekitError, OSError) as exc:
+                self._fall_back(exc)
+        return self.remote.read(handle, offset, length, crc)
+
+    def read_parts(self, handle: dict[str, Any], locations: list[list[int]], *,
+                   owned: bool = False) -> Iterator[bytes | memoryview]:
+        done = 0
+        if self._use_local():
+            try:
+                for part in self.local.read_parts(handle, locations, owned=owned):
+                    yield part
+                    done += 1
+                return
+            except (StatekitError, OSError) as exc:
+                self._fall_back(exc)
+        yield from self.remote.read_parts(handle, locations[done:], owned=owned)
+
+    def check(self, handle: dict[str, Any],
+              progress: Callable[[int], None] | None = None) -> int:
+        if self._use_local():
+            try:
+                return self.local.check(handle, progress)
+            except (StatekitError, OSError) as exc:
+                self._fall_back(exc)
+        return self.remote.check(handle, progress)
+
+    def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
+                  allow_link: bool = False) -> None:
+        if self._use_local():
+            try:
+                self.local.read_file(handle, local_path, allow_link=allow_link)
+                return
+            except (StatekitError, OSError) as exc:
+                self._fall_back(exc)
+        self.remote.read_file(handle, local_path, allow_link=allow_link)
 
 
 class _Pending:

@@ -24,7 +24,7 @@ from statekit import config as cfg
 from statekit import workdirs
 from statekit.backends.base import KeyedStateBackend, RestoreSource
 from statekit.backends.transfer import restore_into
-from statekit.checkpoint.localstate import TaskLocalStateStore
+from statekit.checkpoint.localstate import FallbackReader, TaskLocalStateStore
 from statekit.checkpoint.streams import safe_name
 from statekit.errors import StatekitError
 
@@ -118,13 +118,20 @@ def restore_preferring_local(create: Callable[[], KeyedStateBackend],
     ``local`` (None: checkpoint storage) when one is given; ``(backend, source)``, source being
     ``"local"``, ``"mixed"`` or ``"remote"``.  A local copy failing anywhere during the restore
     (a checksum, a vanished file) throws the partly restored backend away and restores again
-    from checkpoint storage alone, so no state ever comes from a partial local copy."""
+    from checkpoint storage alone, so no state ever comes from a partial local copy; what a
+    lazy restore reads after the restore returned falls back read by read, each read checked
+    against the same checksums."""
     used = [reader for reader in local if reader is not None]
     if used:
         backend = create()
+        readers = [FallbackReader(reader, fallback) if reader is not None else fallback
+                   for (_, fallback), reader in zip(sources, local, strict=True)]
         try:
-            restore_into(backend, [(handle, reader or fallback) for (handle, fallback), reader
-                                   in zip(sources, local, strict=True)], **options)
+            restore_into(backend, [(handle, reader) for (handle, _), reader
+                                   in zip(sources, readers, strict=True)], **options)
+            for reader in readers:  # what a lazy restore reads later falls back part by part
+                if isinstance(reader, FallbackReader):
+                    reader.arm()
             return backend, "local" if len(used) == len(sources) else "mixed"
         except (StatekitError, OSError) as exc:
             backend.dispose()
