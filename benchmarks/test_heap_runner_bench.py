@@ -4,7 +4,8 @@
   300 ms per million keys) once with asynchronous and once with synchronous heap snapshots; the stall is the
   synchronous part the coordinator records per checkpoint (``CheckpointStats.sync_seconds``),
   taken over the checkpoints that hold every key (the median of the last three).
-* ``test_runner_restart_1gib`` (hashmap and rocksdb): a job fills 1M keys x 1100 B (>= 1 GiB of
+* ``test_runner_restart_1gib`` (hashmap, rocksdb, and rocksdb with ``lazy-restore`` off, which
+  checks every restored file before opening the database): a job fills 1M keys x 1100 B (>= 1 GiB of
   state), ends with a retained checkpoint, and a second job resumes from it; the figure is the
   time from calling ``execute_and_collect`` to the first element processed after the restore,
   against a cold read (page cache dropped with ``posix_fadvise(DONTNEED)``) of the checkpoint's
@@ -157,10 +158,13 @@ def _checkpoint_files(root: Path, checkpoint: str) -> list[Path]:
     return files
 
 
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb", "rocksdb-eager"])
 def test_runner_restart_1gib(benchmark: Any, backend: str) -> None:
     benchmark.group = f"runner-restart-{backend}"
     root = scratch_dir(f"runner-restart-{backend}")
+    # rocksdb-eager: the restore checks every linked file before opening (lazy-restore off)
+    eager = backend == "rocksdb-eager"
+    backend = backend.removesuffix("-eager")
     try:
         t0 = time.perf_counter()
         fill = [(k, True) for k in range(N)]
@@ -176,8 +180,10 @@ def test_runner_restart_1gib(benchmark: Any, backend: str) -> None:
             disk_s = _cold_read(files)  # the disk's time for the same bytes, right before
             drop_tree_cache(root)
             start = time.perf_counter()
-            out = list(_run(_conf(root / "again", resume=checkpoint, interval_ms=60_000,
-                                  backend=backend),
+            conf = _conf(root / "again", resume=checkpoint, interval_ms=60_000, backend=backend)
+            if eager:
+                conf["state.backend.rocksdb.lazy-restore"] = False
+            out = list(_run(conf,
                             [*fill, (N - 1, False)],  # the source resumes after the first N
                             _filler()))
             assert len(out) == 1 and out[0][1]
@@ -187,7 +193,7 @@ def test_runner_restart_1gib(benchmark: Any, backend: str) -> None:
         benchmark.pedantic(restart, rounds=1 if QUICK else 3, iterations=1)
         ratios = [r["first_element_s"] / r["disk_s"] for r in rows]
         figures = {
-            "backend": backend, "keys": N, "value_bytes": VALUE_BYTES, "state_bytes": nbytes,
+            "backend": backend + ("-eager" if eager else ""), "keys": N, "value_bytes": VALUE_BYTES, "state_bytes": nbytes,
             "fill_s": round(fill_s, 2),
             "disk_cold_read_s": [round(r["disk_s"], 3) for r in rows],
             "restart_to_first_element_s": [round(r["first_element_s"], 3) for r in rows],

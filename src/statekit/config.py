@@ -246,6 +246,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.rocksdb.timer-service.factory", _choice("ROCKSDB", "HEAP"), "ROCKSDB",
            "Where the RocksDB backend keeps timers: `ROCKSDB` (column families, larger than "
            "memory) or `HEAP` (in memory, faster)."),
+    Option("state.backend.rocksdb.lazy-restore", parse_bool, "true",
+           "Restore RocksDB state lazily: the database opens as soon as the checkpoint's files "
+           "are in place, and the SST files hard-linked from a checkpoint on the local disk are "
+           "checked against their CRC-32 by a background thread; until then RocksDB's block "
+           "checksums guard every point read, scans and checkpoints wait for the check, and a "
+           "damaged file fails the next state access. `false` checks every file before "
+           "opening."),
     Option("state.backend.rocksdb.ttl.compaction.filter.enabled", parse_bool, "true",
            "Drop expired TTL entries during checkpoints (compaction-filter stand-in)."),
     Option("state.backend.rocksdb.memory.managed", parse_bool, "true",

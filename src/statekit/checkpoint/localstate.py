@@ -34,7 +34,7 @@ from statekit.checkpoint.blobstore.base import check_key
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.handles import file_handles
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
-from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.reader import FileCheck, StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CorruptCheckpointError, StatekitError, UnsafePathError
 from statekit.serde.msgpack import packb
@@ -242,14 +242,16 @@ class FallbackReader(StateReader):
         return self.remote.check(handle, progress)
 
     def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
-                  allow_link: bool = False) -> None:
+                  allow_link: bool = False, deferred: list[FileCheck] | None = None) -> None:
+        """As :meth:`StateReader.read_file`; a local copy's files are always checked now (a
+        later failure could no longer fall back), those of checkpoint storage as asked."""
         if self._use_local():
             try:
                 self.local.read_file(handle, local_path, allow_link=allow_link)
                 return
             except (StatekitError, OSError) as exc:
                 self._fall_back(exc)
-        self.remote.read_file(handle, local_path, allow_link=allow_link)
+        self.remote.read_file(handle, local_path, allow_link=allow_link, deferred=deferred)
 
 
 class _Pending:

@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from statekit.checkpoint.blobstore.base import BlobStore, check_key, write_local_file
@@ -179,12 +180,15 @@ class StateReader:
         return size
 
     def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
-                  allow_link: bool = False) -> None:
+                  allow_link: bool = False, deferred: list[FileCheck] | None = None) -> None:
         """Write the handle's bytes into the local file ``local_path``, verifying size and CRC-32
         (TruncatedCheckpointError / ChecksumMismatchError; the bad file is removed).
 
         ``allow_link`` lets a local-disk store hard-link the checkpoint file instead of copying it:
-        only for files that are never modified in place (RocksDB's SST files).
+        only for files that are never modified in place (RocksDB's SST files).  With
+        ``deferred``, a file that was hard-linked is checked for its size now and its CRC-32 is
+        left to the caller (a :class:`FileCheck` appended to ``deferred``): reading a linked file
+        whole is the only read of it a restore would otherwise make.
         """
         kind = handle.get("type")
         if kind == "inline":
@@ -195,9 +199,13 @@ class StateReader:
         path = check_key(str(handle.get("path")))
         self.store.get_file(path, local_path, allow_link=allow_link)
         try:
-            size = os.stat(local_path).st_size
+            info = os.stat(local_path)
+            size = info.st_size
             if size != handle.get("size"):
                 raise TruncatedCheckpointError(f"{path}: {size} bytes, metadata records {handle.get('size')}")
+            if deferred is not None and info.st_nlink > 1:  # linked, not copied
+                deferred.append(FileCheck(os.fspath(local_path), size, handle.get("crc"), path))
+                return
             crc, seen = file_crc(local_path)
             if seen != size:
                 raise TruncatedCheckpointError(f"{path}: {seen} bytes read, {size} expected")
@@ -247,3 +255,21 @@ def _spans(locations: list[list[int]]) -> list[tuple[int, int, list[list[int]]]]
         spans.append((offset, length, [loc]))
     return spans
 
+
+@dataclass(frozen=True)
+class FileCheck:
+    """A local file's CRC-32 check left for later (:meth:`StateReader.read_file` ``deferred``)."""
+
+    local_path: str
+    size: int
+    crc: Any
+    where: str
+
+    def run(self) -> None:
+        """TruncatedCheckpointError / ChecksumMismatchError unless the file is still the one its
+        handle records."""
+        crc, seen = file_crc(self.local_path)
+        if seen != self.size:
+            raise TruncatedCheckpointError(f"{self.where}: {seen} bytes read, {self.size} expected")
+        if crc != self.crc:
+            raise ChecksumMismatchError(f"{self.where}: checksum mismatch")

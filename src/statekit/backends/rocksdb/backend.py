@@ -18,6 +18,7 @@ from rocksdict import Options, Rdict, WriteBatch
 from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.kvformat import KV_FORMATS
+from statekit.backends.rocksdb.checks import CheckedFamily, RestoreChecks
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
 from statekit.backends.rocksdb.encoding import key_bytes
 from statekit.backends.rocksdb.heap_timers import HeapTimers
@@ -37,6 +38,7 @@ from statekit.backends.timers import (
     timer_meta,
     timer_state_name,
 )
+from statekit.checkpoint.reader import FileCheck
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import BackendLockedError, CorruptCheckpointError, StateError
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
@@ -58,7 +60,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  max_parallelism: int, clock: Callable[[], int] | None = None, *,
                  instance_dir: str, options: Callable[[], Options],
                  incremental: bool = False, transfer_threads: int = 1,
-                 ttl_compaction_filter: bool = True, timer_factory: str = "ROCKSDB") -> None:
+                 ttl_compaction_filter: bool = True, timer_factory: str = "ROCKSDB",
+                 lazy_restore: bool = True) -> None:
         self.current_prefix: bytes | None = None
         # prefixes of str/int/bytes keys, cached once the key passed the declared key type's
         # check (so a cache hit needs none)
@@ -72,6 +75,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.incremental = incremental
         self.transfer_threads = max(1, int(transfer_threads))
         self.ttl_compaction_filter = ttl_compaction_filter
+        #: check restored linked files in the background (:mod:`~.checks`), not before opening
+        self.lazy_restore = lazy_restore
+        self._checks: RestoreChecks | None = None
+        self._damage: Exception | None = None
         self._wo = write_options()
         self.db: Any = None
         self.cfs: dict[str, Rdict] = {}
@@ -151,7 +158,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return self.db
 
     def cf(self, name: str) -> Rdict:
-        """The column family of state ``name``, created on first use."""
+        """The column family of state ``name``, created on first use (wrapped while restored
+        files are being checked)."""
+        if self._damage is not None:
+            raise self._damage
+        cf = self.cfs.get(name)
+        checks = self._checks
+        if checks is not None and not checks.done:
+            return CheckedFamily(cf if cf is not None else self._family(name),  # type: ignore[return-value]
+                                 self.finish_restore)
+        return cf if cf is not None else self._family(name)
+
+    def _family(self, name: str) -> Rdict:
         cf = self.cfs.get(name)
         if cf is None:
             db = self.ensure_open()
@@ -229,9 +247,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def poison(self, why: str, error: type[Exception] = StateError) -> None:
         """Make every state and timer queue raise ``error(why)`` (the database is gone)."""
         bad = Unusable(why, error)
-        for state in self._rstates.values():
+        for state in list(self._rstates.values()):  # (also called from the restore check)
             state._bind(bad, bad)
-        for queue in self._native_queues.values():
+        for queue in list(self._native_queues.values()):
             queue.poison(bad)
         self.cfs.clear()
 
@@ -309,9 +327,39 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.set_current_key(key)
             yield key
 
+    # --- lazy restore: restored linked files checked in the background -----------------------
+
+    def check_later(self, checks: list[FileCheck]) -> None:
+        """Check these restored files on a thread while the state is in use (lazy restore)."""
+        if checks:
+            self._checks = RestoreChecks(checks, self._damaged, self._checked)
+
+    def _damaged(self, error: Exception) -> None:
+        self._damage = error
+        self.poison(str(error), CorruptCheckpointError)
+
+    def _checked(self) -> None:
+        """Every file passed: states read their column families directly again."""
+        for name, state in list(self._rstates.items()):
+            cf = self.cfs.get(name)
+            if cf is not None:
+                state._bind(cf, state._handle)
+
+    def pending_restore(self) -> int:
+        """Restored files whose check is still running (a lazy restore), 0 once all passed."""
+        checks = self._checks
+        return 0 if checks is None or checks.done else checks.left
+
+    def finish_restore(self) -> None:
+        """Wait until every restored file is checked; CorruptCheckpointError if one failed."""
+        if self._checks is not None:
+            self._checks.wait()
+
     def dispose(self) -> None:
         if self.disposed:
             return
+        if self._checks is not None:
+            self._checks.stop()
         if self.db is not None and not isinstance(self.db, Unusable):
             self.poison("the RocksDB state backend was disposed")
             db, self.db = self.db, None

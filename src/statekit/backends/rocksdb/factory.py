@@ -43,6 +43,7 @@ from statekit.serde.serializers import TypeSerializer
 from statekit.values import parse_bool
 
 _THREADS_KEY = "state.backend.rocksdb.checkpoint.transfer.thread.num"
+_LAZY_KEY = "state.backend.rocksdb.lazy-restore"
 
 
 def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
@@ -94,6 +95,7 @@ _SETTINGS = (
     Setting("_fixed_memory", (FIXED_KEY,)),
     Setting("_write_buffer_ratio", (RATIO_KEY,)),
     Setting("_timer_factory", (_TIMER_KEY,)),
+    Setting("_lazy", (_LAZY_KEY,)),
 )
 
 
@@ -106,8 +108,10 @@ class EmbeddedRocksDBStateBackend(StateBackend):
     name = "rocksdb"
     DEFAULT_TRANSFER_THREADS: int = default(_THREADS_KEY)
 
-    def __init__(self, enable_incremental_checkpointing: bool | None = None) -> None:
+    def __init__(self, enable_incremental_checkpointing: bool | None = None, *,
+                 lazy_restore: bool | None = None) -> None:
         super().__init__(True)
+        self._lazy: bool | None = None if lazy_restore is None else parse_bool(_LAZY_KEY, lazy_restore)
         self._incremental: bool | None = (
             None if enable_incremental_checkpointing is None
             else parse_bool("execution.checkpointing.incremental",
@@ -204,6 +208,11 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         key = "state.backend.rocksdb.ttl.compaction.filter.enabled"
         return bool(default(key) if self._ttl_filter is None else self._ttl_filter)
 
+    def is_lazy_restore_enabled(self) -> bool:
+        """Whether a restore opens the database at once and checks the checkpoint files it
+        hard-linked in the background (default True; false checks them before opening)."""
+        return bool(default(_LAZY_KEY) if self._lazy is None else self._lazy)
+
     def get_memory_configuration(self) -> RocksDBMemoryConfiguration:
         """How much memory this process's RocksDB instances share (Flink's
         ``state.backend.rocksdb.memory.*``: managed by default, 0.5 for write buffers)."""
@@ -266,6 +275,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
             transfer_threads=self.get_number_of_transfering_threads(),
             ttl_compaction_filter=self.is_ttl_compaction_filter_enabled(),
             timer_factory=self.get_priority_queue_state_type(),
+            lazy_restore=self.is_lazy_restore_enabled(),
         )
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, s
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
 from statekit.backends.rocksdb.timers import column_families, index_name, ts8
 from statekit.backends.timers import TIMERS_KIND, timer_stamps
-from statekit.checkpoint.reader import StateReader
+from statekit.checkpoint.reader import FileCheck, StateReader
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.keytypes import RestoreCheck
@@ -41,6 +41,11 @@ class RestoreOwner(DatabaseOwner, Protocol):
     db_path: Path
     heap_timers: bool
     kg_prefixes: list[bytes]
+    lazy_restore: bool
+
+    def check_later(self, checks: list[FileCheck]) -> None:
+        """Check these restored files in the background, the state in use meanwhile."""
+        ...
 
     def restore_key_check(self, handle: dict[str, Any]) -> RestoreCheck | None:
         """How the keys of ``handle`` restore here."""
@@ -80,9 +85,11 @@ class _BatchWriter:
 
 def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
                     pool_map: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None,
-                    progress: Callable[[int], None] | None = None) -> None:
+                    progress: Callable[[int], None] | None = None,
+                    deferred: list[FileCheck] | None = None) -> None:
     """Download the files of a native RocksDB checkpoint handle into ``dest`` (each verified for
-    size and CRC-32), on ``pool_map``'s threads when given; ``progress(n)`` per file's bytes."""
+    size and CRC-32), on ``pool_map``'s threads when given; ``progress(n)`` per file's bytes.
+    With ``deferred``, the CRC-32 checks of hard-linked SST files are appended to it instead."""
     dest.mkdir(parents=True, exist_ok=True)
     files = list(handle.get("sst", {}).items()) + list(handle.get("misc", {}).items())
     for name, _ in files:
@@ -93,7 +100,9 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
         # SST files are immutable: a local-disk store may hard-link them (Flink's local
         # recovery); MANIFEST, CURRENT, OPTIONS... are copied, RocksDB may rewrite them
         name, file_handle = item
-        reader.read_file(file_handle, dest / name, allow_link=name.endswith(".sst"))
+        sst = name.endswith(".sst")
+        reader.read_file(file_handle, dest / name, allow_link=sst,
+                         deferred=deferred if sst else None)
         if progress is not None:
             progress(int(file_handle.get("size", 0)))
 
@@ -183,8 +192,12 @@ class RocksDBRestoreOperation:
         native.sort(key=lambda item: -item[0])
         if native:
             _, base, base_reader = native[0]
-            self._download(base, base_reader, backend.db_path)
+            deferred: list[FileCheck] | None = [] if backend.lazy_restore else None
+            download_native(base, base_reader, backend.db_path, backend.pool_map,
+                            deferred=deferred)
             check_native_db(backend.ensure_open(), base)
+            if deferred:  # from here on, scans wait for the check (restore.py's own too)
+                backend.check_later(deferred)
             lo, hi = backend.kg_prefixes[mine.start], kg_after(mine.end, backend.kg_prefixes)
             for name in column_families(base["states"]):
                 cf = backend.cf(name)

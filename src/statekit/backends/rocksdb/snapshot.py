@@ -107,6 +107,10 @@ class SnapshotOwner(DatabaseOwner, Protocol):
         """Remember an incremental checkpoint's SSTs."""
         ...
 
+    def finish_restore(self) -> None:
+        """Wait until a lazy restore's files are checked (CorruptCheckpointError if one failed)."""
+        ...
+
 
 class RocksDBSnapshotStrategy:
     """Takes one snapshot of a RocksDB keyed backend (as Flink's ``RocksSnapshotStrategy``)."""
@@ -144,6 +148,7 @@ class RocksDBSnapshotStrategy:
             try:
                 if backend.disposed:
                     raise CheckpointError(_DISPOSED)
+                backend.finish_restore()  # never a checkpoint of restored files not yet checked
                 timers = backend.heap_store.write(heap_timers, streams, savepoint)
                 if savepoint:
                     handle = self._write_savepoint(target, streams, info, metas)

@@ -1,0 +1,129 @@
+"""Checking a restored RocksDB database's linked files in the background (lazy restore).
+
+A restore hard-links the SST files of a checkpoint on the local disk; reading each of them whole
+for its CRC-32 was the only full read of the state a restart made.  With lazy restore the
+database opens at once and a thread checks those files.  Until it is done, column families are
+handed out wrapped: a point read runs at once (RocksDB checks every block it reads against the
+block's own checksum; a mismatch becomes :class:`CorruptCheckpointError`), an iteration waits
+for the check, so no scan ever sees a file that failed or was not yet checked; a snapshot waits
+too, so no checkpoint is taken of unchecked files.  A file that fails makes every state raise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from statekit.checkpoint.reader import FileCheck
+from statekit.errors import CorruptCheckpointError, StatekitError
+
+
+class RestoreChecks:
+    """A thread checking ``checks`` one by one; ``on_damage(error)`` runs on it if one fails,
+    ``on_done()`` once all passed."""
+
+    def __init__(self, checks: list[FileCheck],
+                 on_damage: Callable[[CorruptCheckpointError], None],
+                 on_done: Callable[[], None]) -> None:
+        self.left = len(checks)
+        self.error: CorruptCheckpointError | None = None
+        self._stop = threading.Event()
+        self._on_damage = on_damage
+        self._on_done = on_done
+        self._thread = threading.Thread(target=self._run, args=(checks,), daemon=True,
+                                        name="statekit-rocksdb-restore-check")
+        self._thread.start()
+
+    def _run(self, checks: list[FileCheck]) -> None:
+        for check in checks:
+            if self._stop.is_set():
+                return
+            try:
+                check.run()
+            except (StatekitError, OSError) as exc:
+                if self._stop.is_set():  # disposed: the files went with the backend
+                    return
+                if isinstance(exc, CorruptCheckpointError):  # a checksum, a length: as it is
+                    self.error = exc
+                else:
+                    self.error = CorruptCheckpointError(f"a restored RocksDB file is unreadable: "
+                                                        f"{exc}")
+                    self.error.__cause__ = exc
+                self._on_damage(self.error)
+                return
+            self.left -= 1
+        self._on_done()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Until every file is checked; CorruptCheckpointError if one failed."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """End the thread early (the backend is disposed)."""
+        self._stop.set()
+        self._thread.join()
+
+
+def _corrupt(exc: Exception) -> Exception:
+    text = str(exc)
+    if text.startswith("Corruption"):
+        return CorruptCheckpointError(f"a restored RocksDB file is damaged: {text}")
+    return exc
+
+
+class CheckedFamily:
+    """A column family while its database's files are being checked: point reads and writes run
+    at once, iterations wait for the check (see the module's docstring)."""
+
+    __slots__ = ("_cf", "_wait")
+
+    def __init__(self, cf: Any, wait: Callable[[], None]) -> None:
+        self._cf = cf
+        self._wait = wait
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._cf.get(*args, **kwargs)
+        except Exception as exc:
+            error = _corrupt(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def iter(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._cf.iter(*args, **kwargs)
+
+    def keys(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._cf.keys(*args, **kwargs)
+
+    def values(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._cf.values(*args, **kwargs)
+
+    def items(self, *args: Any, **kwargs: Any) -> Any:
+        self._wait()
+        return self._cf.items(*args, **kwargs)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.get(key)
+
+    def __contains__(self, key: Any) -> bool:
+        try:
+            return key in self._cf
+        except Exception as exc:
+            error = _corrupt(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def __getattr__(self, name: str) -> Any:  # put, delete, delete_range, write...: as they are
+        return getattr(self._cf, name)
