@@ -193,7 +193,8 @@ def test_runner_restart_1gib(benchmark: Any, backend: str) -> None:
         benchmark.pedantic(restart, rounds=1 if QUICK else 3, iterations=1)
         ratios = [r["first_element_s"] / r["disk_s"] for r in rows]
         figures = {
-            "backend": backend + ("-eager" if eager else ""), "keys": N, "value_bytes": VALUE_BYTES, "state_bytes": nbytes,
+            "backend": backend + ("-eager" if eager else ""), "keys": N, "value_bytes": VALUE_BYTES,
+            "state_bytes": nbytes,
             "fill_s": round(fill_s, 2),
             "disk_cold_read_s": [round(r["disk_s"], 3) for r in rows],
             "restart_to_first_element_s": [round(r["first_element_s"], 3) for r in rows],
