@@ -220,3 +220,37 @@ def test_copies_of_a_job_whose_process_died_are_swept(tmp_path):
     (root / "job-999999-0123456789ab.lock").write_text("999999\n")
     run(tmp_path, "hashmap", lambda: None)
     assert not dead.exists()
+
+
+def test_a_restart_does_not_wait_for_subsumed_checkpoints_to_be_deleted(tmp_path, monkeypatch):
+    """Deleting a subsumed checkpoint (slow here: half a second) goes on while the job restarts;
+    the job still ends with every subsumed checkpoint deleted."""
+    slow: list[float] = []
+    original = CheckpointStorageAccess.discard
+
+    def discard(self, checkpoint_id, retained):
+        slow.append(time.perf_counter())  # the job fails while this deletion runs
+        time.sleep(0.5)
+        return original(self, checkpoint_id, retained)
+
+    monkeypatch.setattr(CheckpointStorageAccess, "discard", discard)
+    marks: dict[str, float] = {}
+
+    def failed():
+        marks.setdefault("failure", time.perf_counter())
+
+    class Timed(Failing):
+        def process_element(self, value, ctx):
+            if self.attempt > 0:
+                marks.setdefault("restarted", time.perf_counter())
+            yield from super().process_element(value, ctx)
+
+    env = env_for(tmp_path, "hashmap", **{"execution.checkpointing.interval": "20 ms"})
+    env.set_restart_strategy(RestartStrategies.fixed_delay_restart(1, 0))
+    result = env.from_collection(ITEMS).key_by(lambda x: x[0]).process(
+        Timed(failed, lambda: bool(slow))).execute_and_collect()
+    assert result.restarts == 1 and final_of(result) == expected_final(ITEMS)
+    assert marks["failure"] - slow[0] < 0.2  # the job failed while a deletion ran ...
+    assert marks["restarted"] - marks["failure"] < 0.25  # ... and restarted without waiting
+    assert not result.retained_checkpoints
+    assert not list((tmp_path / "chk").rglob("_metadata"))  # and none outlives the job

@@ -330,16 +330,22 @@ class CheckpointCoordinator:
         for pending in list(self.pending.values()):
             self._abort(pending, reason)
 
-    def shutdown(self) -> None:
-        """Abort what is in flight, wait for the transfer threads, and sweep their leftovers."""
+    def shutdown(self, wait_for_cleaner: bool = True) -> ThreadPoolExecutor:
+        """Abort what is in flight, wait for the transfer threads, and sweep their leftovers.
+
+        Without ``wait_for_cleaner`` the deletion of subsumed checkpoints already queued goes on
+        in the background (a restart need not wait for it; the retained ones are never among
+        them); the caller then shuts the returned cleaner down before it ends.
+        """
         pending = list(self.pending.values())
         self.abort_all("job ended")
         self._pool.shutdown(wait=True)
-        self._cleaner.shutdown(wait=True)
+        self._cleaner.shutdown(wait=wait_for_cleaner)
         for p in pending:  # a thread may have written after the abort: delete again
             written = [path for s in p.streams.values() for path in s.written]
             self.access.abort(p.checkpoint_id, written, self.retained)
         self._sweep_zombies()
+        return self._cleaner
 
 
 def _all_futures(pending: _PendingCheckpoint) -> list[Future[dict[str, Any]]]:

@@ -105,6 +105,8 @@ class LocalJob:
         self.local = JobLocalState(root_dirs(conf), self.job_id) if enabled(conf) else None
         #: per restore, where each task's state came from: ``local``, ``mixed`` or ``remote``
         self.restore_sources: list[dict[str, str]] = []
+        #: cleaners of failed attempts' coordinators, still deleting subsumed checkpoints
+        self._cleaners: list[Any] = []
         if self.batch:
             check_batch_job(self, savepoint_dir)
 
@@ -114,6 +116,8 @@ class LocalJob:
         try:
             return self._run()
         finally:
+            for cleaner in self._cleaners:
+                cleaner.shutdown(wait=True)
             if self.local is not None:
                 self.local.dispose()
 
@@ -137,7 +141,8 @@ class LocalJob:
                 return self._result(coordinator, attempt, savepoint)
             except (_UserFailure, CheckpointError) as exc:
                 cause = exc.__cause__ if isinstance(exc, _UserFailure) else exc
-                coordinator.shutdown()
+                # subsumed checkpoints still being deleted: in the background, done by the end
+                self._cleaners.append(coordinator.shutdown(wait_for_cleaner=False))
                 self.stats.extend(coordinator.stats)
                 next_checkpoint = coordinator.next_id
                 self.outputs.discard_uncommitted()
