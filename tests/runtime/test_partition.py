@@ -127,3 +127,50 @@ def test_a_resumed_query_without_its_state_fails_unless_allowed(storage):
     resumed = lost()  # the next batch resumes from what the allowed one wrote: no error
     resumed.open(6, new_attempt_token(6, 0))
     resumed.abort()
+
+
+def test_a_version_records_what_its_restore_read(tmp_path):
+    """A committed version tells whether its attempt restored, from where, and how many bytes
+    of checkpoint files that read (the measure of a rescale's cost); a reused state, nothing."""
+    from statekit.checkpoint.handles import file_handles
+    from statekit.runtime.partition import Scaling
+
+    storage = FileSystemCheckpointStorage(str(tmp_path), file_state_size_threshold=0)
+    keys = [f"k{i}" for i in range(300)]
+
+    def batch(batch_id, partition, count, owns=None, touched=()):
+        # an eager restore: every byte read once, at the restore (a lazy one reads later)
+        s = PartitionStore(HashMapStateBackend(lazy_restore=False), storage, "query", "op",
+                           partition, GenericSerializer(), scaling=Scaling(count, owns))
+        backend = s.open(batch_id, new_attempt_token(batch_id, partition))
+        for k in touched:
+            backend.set_current_key(k)
+            state = backend.get_partitioned_state(COUNT)
+            state.update((state.value() or 0) + 1)
+        s.commit()
+        return s.access.load(batch_id)
+
+    drop_local_state()
+    try:
+        assert "restore" not in batch(0, 0, 1, touched=keys)  # nothing to restore
+        drop_local_state()  # a new process: the next batch restores version 0
+        info = batch(1, 0, 1, touched=keys[:1])["restore"]
+        assert info["from"] == 0 and not info["rescaled"] and info["sources"] == 1
+        assert info["source"] == "remote" and info["seconds"] >= 0
+        size = sum(h["size"] for h in file_handles(batch_meta(storage, 0, 0)["tasks"]))
+        assert info["bytes_read"] == size
+        assert "restore" not in batch(2, 0, 1, touched=keys[:1])  # reused: no restore
+        drop_local_state()
+        # two partitions now: each restores its keys from the one partition before
+        low = batch(3, 0, 2, lambda key: key < "k5", keys[:1])["restore"]
+        high = batch(3, 1, 2, lambda key: key >= "k5")["restore"]
+        size = sum(h["size"] for h in file_handles(batch_meta(storage, 2, 0)["tasks"]))
+        for info in (low, high):  # (today each reads all of it: see docs/operations.md)
+            assert info["rescaled"] and info["from"] is None and info["sources"] == 1
+            assert info["bytes_read"] == size
+    finally:
+        drop_local_state()
+
+
+def batch_meta(storage, batch_id, partition):
+    return storage.create_access(f"query/op/p{partition:05d}").load(batch_id)

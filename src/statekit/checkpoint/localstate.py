@@ -196,6 +196,10 @@ class FallbackReader(StateReader):
         self.armed = False
         self.failed = False
 
+    @property
+    def bytes_read(self) -> int:
+        return self.local.bytes_read + self.remote.bytes_read
+
     def arm(self) -> None:
         """From now on a failing read of the local copy reads checkpoint storage instead."""
         self.armed = True

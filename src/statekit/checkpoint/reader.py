@@ -31,6 +31,18 @@ class StateReader:
     def __init__(self, store: BlobStore) -> None:
         self.store = store
         self._sized: set[str] = set()  # files whose real size was found to be the recorded one
+        self._read = 0
+        self._count_lock = threading.Lock()
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of checkpoint files read through this reader so far (a linked file counts with
+        its size: it is read for its checksum)."""
+        return self._read
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self._read += n
 
     def _check_size(self, handle: dict[str, Any], path: str) -> int:
         """The file's size after checking it is the one its handle records: a file longer than
@@ -96,6 +108,7 @@ class StateReader:
                 source = (turns(self.store.get_ranges(path, ranges)) if owned
                           else self.store.get_ranges(path, ranges, into))
                 for data, (_, length, parts) in zip(source, spans, strict=False):
+                    self._count(len(data))
                     intact = len(data) == length and crc32(data) == combined_crc(parts)
                     ahead.put((data, intact))
                 ahead.put(None)
@@ -139,6 +152,7 @@ class StateReader:
             if offset is not None:
                 self._check_size(handle, path)
             data = self.store.get(path) if offset is None else self.store.get(path, offset, length)
+            self._count(len(data))
         else:
             raise CorruptCheckpointError(f"unknown state handle type {kind!r}")
         where = handle.get("path", "inline state")
@@ -170,6 +184,7 @@ class StateReader:
         crc = seen = 0
         spans = self.store.get_ranges(path, ranges) if ranges else [self.store.get(path)]
         for data in spans:
+            self._count(len(data))
             crc, seen = crc32(data, crc), seen + len(data)
             if progress is not None:
                 progress(len(data))
@@ -198,6 +213,7 @@ class StateReader:
             raise CorruptCheckpointError(f"unknown state handle type {kind!r}")
         path = check_key(str(handle.get("path")))
         self.store.get_file(path, local_path, allow_link=allow_link)
+        self._count(int(handle.get("size") or 0))
         try:
             info = os.stat(local_path)
             size = info.st_size

@@ -224,6 +224,9 @@ class PartitionStore:
         self.attempt: str | None = None
         self.backend: KeyedStateBackend | None = None
         self.restored_from: int | None = None
+        #: what the last open restored (None: nothing, or this process's state reused): recorded
+        #: with the version it commits, with the bytes its readers read by then
+        self.restore_info: dict[str, Any] | None = None
         self.reused = False
         #: where the last open found the state: ``reused`` (this process's), ``local`` (the
         #: executor's local copy), ``remote`` (checkpoint storage), None (nothing to restore)
@@ -242,6 +245,7 @@ class PartitionStore:
         its own newest version, or (partition count changed, new query from another's state) the
         keys it now owns from the partitions of the run before."""
         self.batch, self.attempt = batch_id, attempt
+        self.restore_info = None
         base, sources, owns, skip = self._plan(batch_id)
         with _LOCAL_LOCK:
             local = _LOCAL.pop(self._slot, None)
@@ -273,9 +277,15 @@ class PartitionStore:
             if self.local is not None:  # its own version: the executor's copy, if intact
                 readers = [self.local.reader(base, h) for h in tasks.values()]
         if sources:
+            started = time.perf_counter()
             backend, self.source = restore_preferring_local(
                 create, sources, readers or [None] * len(sources), key_filter=owns,
                 skip_states=skip)
+            used = {id(r): r for r in [*(r for _, r in sources), *readers] if r is not None}
+            self.restore_info = {"from": base, "rescaled": owns is not None,
+                                 "sources": len(sources), "source": self.source,
+                                 "seconds": round(time.perf_counter() - started, 4),
+                                 "readers": list(used.values())}
             if own and len(sources) == 1:  # its own version, whole: the next one's base
                 backend.adopt_restored_base(sources[0][0])
         else:
@@ -368,6 +378,10 @@ class PartitionStore:
             "operator_id": self.operator_id, "max_parallelism": self.max_parallelism,
             "timestamp": int(time.time() * 1000), **(extra or {}),
         }
+        if self.restore_info is not None:  # this attempt restored: what that read, and from where
+            info = dict(self.restore_info)
+            info["bytes_read"] = sum(r.bytes_read for r in info.pop("readers"))
+            body["restore"] = info
         try:
             path = self.access.commit(self.batch, body)
         except BaseException:

@@ -26,6 +26,8 @@ from statekit.serde.msgpack import unpack_pair_head, unpackb
 #: parts the background thread decodes ahead of the processing thread installing them (their
 #: values wait in memory beside the serialized bytes until installed)
 DECODE_AHEAD = 4
+#: the most bytes the background thread reads ahead in one run of parts
+RUN_BYTES = 32 * 1024 * 1024
 
 
 class LazyPart:
@@ -225,28 +227,48 @@ class LazyValues:
             self._thread.start()
 
     def _run(self) -> None:
-        with self._cond:
-            order = list(self.parts.values())
         try:
-            with contextlib.closing(_read(order)) as reading:
-                for part, raw in reading:
-                    with self._cond:
-                        while not self._stop and sum(
-                                p.decoded is not None for p in self.parts.values()) >= DECODE_AHEAD:
-                            self._cond.wait(0.5)
-                        if self._stop:
-                            return
-                        if id(part) not in self.parts:
-                            continue  # installed meanwhile
-                    try:
-                        values = part.values(raw)
-                    except CorruptCheckpointError:  # marked failed: raised where it is needed
-                        continue
-                    with self._cond:
-                        if id(part) in self.parts:
-                            part.decoded = values
+            while True:
+                with self._cond:
+                    run = None if self._stop else self._next_run()
+                if not run:
+                    return
+                with contextlib.closing(_read(run)) as reading:
+                    for part, raw in reading:
+                        with self._cond:
+                            while not self._stop and sum(p.decoded is not None for p in
+                                                         self.parts.values()) >= DECODE_AHEAD:
+                                self._cond.wait(0.5)
+                            if self._stop:
+                                return
+                            if id(part) not in self.parts:
+                                continue  # installed meanwhile
+                        try:
+                            values = part.values(raw)
+                        except CorruptCheckpointError:  # marked failed: raised where needed
+                            continue
+                        with self._cond:
+                            if id(part) in self.parts:
+                                part.decoded = values
         except Exception:  # unreadable now: the processing thread reads what it needs itself
             return
+
+    def _next_run(self) -> list[LazyPart]:
+        """The next parts to read ahead: the first pending part not yet decoded and those after it
+        in the same file, up to :data:`RUN_BYTES` (runs are picked one at a time, so parts the
+        processing thread read and installed meanwhile are not read again)."""
+        run: list[LazyPart] = []
+        size = 0
+        for part in self.parts.values():
+            if part.decoded is not None or part.failed:
+                if run:
+                    break
+                continue
+            if run and (size >= RUN_BYTES or not _same_file(part, run[-1])):
+                break
+            run.append(part)
+            size += part.source[2][1] if part.source is not None else 0
+        return run
 
     def stop(self) -> None:
         """End the background thread (the owner is disposed) and wait for it."""
