@@ -357,6 +357,13 @@ def check_kv_handle(handle: dict[str, Any], max_parallelism: int) -> KeyGroupRan
         raise CorruptCheckpointError("snapshot without a valid key_group_range") from exc
 
 
+def filter_flags(key_filter: Callable[[Any], bool], keys: list[Any]) -> list[bool]:
+    """Whether ``key_filter`` keeps each key: at once when the filter offers ``mask(keys)`` (a
+    rescale's Spark partition filter hashes many keys in one go), else key by key."""
+    mask = getattr(key_filter, "mask", None)
+    return list(mask(keys)) if mask is not None else [bool(key_filter(key)) for key in keys]
+
+
 def read_kv_states(
     handles: Iterable[dict[str, Any]], reader: StateReader, key_group_range: KeyGroupRange,
     max_parallelism: int, key_filter: Callable[[Any], bool] | None = None,
@@ -372,7 +379,8 @@ def read_kv_states(
                 for kg, keys, values, _ in indexed_chunks(name, entry, reader, key_group_range,
                                                           max_parallelism):
                     if key_filter is not None:
-                        kept = [i for i, kb in enumerate(keys) if key_filter(unpackb(kb))]
+                        flags = filter_flags(key_filter, [unpackb(kb) for kb in keys])
+                        kept = [i for i, keep in enumerate(flags) if keep]
                         keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     yield name, entry, kg, keys, values
                 continue
@@ -384,8 +392,9 @@ def read_kv_states(
                     raise CorruptCheckpointError(f"state '{name}': {exc}") from None
                 groups = key_groups_for_bytes(kbs, max_parallelism)
                 chunks: dict[int, tuple[list[bytes], list[bytes]]] = {}
-                for key, kb, kg, value in zip(keys, kbs, groups.tolist(), values, strict=True):
-                    if kg not in key_group_range or (key_filter is not None and not key_filter(key)):
+                flags = filter_flags(key_filter, keys) if key_filter is not None else None
+                for i, (kb, kg, value) in enumerate(zip(kbs, groups.tolist(), values, strict=True)):
+                    if kg not in key_group_range or (flags is not None and not flags[i]):
                         continue
                     chunk = chunks.setdefault(kg, ([], []))
                     chunk[0].append(kb)

@@ -146,10 +146,27 @@ class SparkPartitioner:
         values = (key,) if len(self.types) == 1 else tuple(key)
         return spark_hash(values, self.types) % self.num_partitions
 
-    def owns(self, partition: int) -> Callable[[Any], bool]:
+    def owns(self, partition: int) -> Owns:
         """A key filter keeping the keys of ``partition``."""
-        owner = self.owner
-        return lambda key: owner(key) == partition
+        return Owns(self, partition)
+
+
+class Owns:
+    """Whether Spark sends a key to one partition: ``owns(key)``, or ``owns.mask(keys)`` for many
+    at once (vectorized: what a rescale's restore uses)."""
+
+    def __init__(self, partitioner: SparkPartitioner, partition: int) -> None:
+        self.partitioner, self.partition = partitioner, partition
+
+    def __call__(self, key: Any) -> bool:
+        return self.partitioner.owner(key) == self.partition
+
+    def mask(self, keys: Sequence[Any]) -> list[bool]:
+        """``[owns(key) for key in keys]``, hashed many at a time."""
+        from statekit.spark.hashvec import spark_hashes
+
+        hashes = spark_hashes(keys, self.partitioner.types).astype("int64")
+        return ((hashes % self.partitioner.num_partitions) == self.partition).tolist()
 
 
 def key_types(schema: Any, columns: Sequence[str]) -> list[str]:
