@@ -97,6 +97,13 @@ def _flip_middle(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _damaged_restore(tmp_path: Path, access: Any, handle: dict[str, Any]) -> Any:
+    """A lazy restore of the checkpoint with a byte in the middle of every SST file flipped."""
+    for path in _sst_paths(access, handle):
+        _flip_middle(path)
+    return _restore(tmp_path, access, handle)
+
+
 def test_point_reads_run_while_the_files_are_checked_scans_and_checkpoints_wait(
         tmp_path, checkpoint, held):
     access, handle = checkpoint
@@ -132,9 +139,7 @@ def test_point_reads_run_while_the_files_are_checked_scans_and_checkpoints_wait(
 
 def test_a_damaged_file_fails_the_next_access_checkpoint_and_finish(tmp_path, checkpoint, held):
     access, handle = checkpoint
-    for path in _sst_paths(access, handle):
-        _flip_middle(path)
-    kb = _restore(tmp_path, access, handle)  # opens: the damage is in the data blocks
+    kb = _damaged_restore(tmp_path, access, handle)  # opens: the damage is in the data blocks
     held.set()
     try:
         with pytest.raises(ChecksumMismatchError):
@@ -180,9 +185,7 @@ def test_damage_found_by_the_check_fails_states_already_in_use(tmp_path, checkpo
 def test_a_damaged_data_block_is_a_typed_error_at_the_point_read(tmp_path, checkpoint, held):
     """Before the check reaches a file, RocksDB's own block checksum refuses a damaged block."""
     access, handle = checkpoint
-    for path in _sst_paths(access, handle):
-        _flip_middle(path)
-    kb = _restore(tmp_path, access, handle)
+    kb = _damaged_restore(tmp_path, access, handle)
     try:
         value = kb.get_partitioned_state(VALUE)
         failures = 0

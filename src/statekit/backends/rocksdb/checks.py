@@ -88,42 +88,42 @@ class CheckedFamily:
         self._cf = cf
         self._wait = wait
 
-    def get(self, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    def _typed(call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, a damaged block's bare RocksDB exception raised as
+        CorruptCheckpointError."""
         try:
-            return self._cf.get(*args, **kwargs)
+            return call(*args)
         except Exception as exc:
             error = _corrupt(exc)
             if error is exc:
                 raise
             raise error from exc
 
-    def iter(self, *args: Any, **kwargs: Any) -> Any:
+    def _scan(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self._wait()
-        return self._cf.iter(*args, **kwargs)
+        return getattr(self._cf, name)(*args, **kwargs)
 
-    def keys(self, *args: Any, **kwargs: Any) -> Any:
-        self._wait()
-        return self._cf.keys(*args, **kwargs)
-
-    def values(self, *args: Any, **kwargs: Any) -> Any:
-        self._wait()
-        return self._cf.values(*args, **kwargs)
-
-    def items(self, *args: Any, **kwargs: Any) -> Any:
-        self._wait()
-        return self._cf.items(*args, **kwargs)
+    def get(self, *args: Any) -> Any:
+        return self._typed(self._cf.get, *args)
 
     def __getitem__(self, key: Any) -> Any:
-        return self.get(key)
+        return self._typed(self._cf.__getitem__, key)
 
     def __contains__(self, key: Any) -> bool:
-        try:
-            return key in self._cf
-        except Exception as exc:
-            error = _corrupt(exc)
-            if error is exc:
-                raise
-            raise error from exc
+        return bool(self._typed(self._cf.__contains__, key))
+
+    def iter(self, *args: Any, **kwargs: Any) -> Any:
+        return self._scan("iter", *args, **kwargs)
+
+    def keys(self, *args: Any, **kwargs: Any) -> Any:
+        return self._scan("keys", *args, **kwargs)
+
+    def values(self, *args: Any, **kwargs: Any) -> Any:
+        return self._scan("values", *args, **kwargs)
+
+    def items(self, *args: Any, **kwargs: Any) -> Any:
+        return self._scan("items", *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # put, delete, delete_range, write...: as they are
         return getattr(self._cf, name)
