@@ -88,3 +88,39 @@ def test_any_checkpoint_restores_into_any_backend_split_by_owner(tmp_path, sourc
         assert whole.get_partitioned_state(SEEN).get() == []
         assert whole.get_partitioned_state(COUNT).value() == want[key][0]
     whole.dispose()
+
+
+def test_a_rocksdb_rescale_reads_the_native_files_without_converting_them(tmp_path, monkeypatch):
+    """RocksDB into RocksDB with a key filter copies the kept keys straight from the restored
+    files (no savepoint written and read back), exactly as the conversion would; a checkpoint
+    with timers still goes through the conversion."""
+    from statekit.backends import transfer
+
+    source = backend_of("rocksdb")
+    handle, reader = checkpoint(tmp_path, source, False)
+    want = read(source, KEYS)
+    source.dispose()
+    converted = []
+    real = transfer._neutral
+    monkeypatch.setattr(transfer, "_neutral", lambda *a: converted.append(1) or real(*a))
+    halves = {}
+    for part in (0, 1):
+        target = backend_of("rocksdb")
+        restore_into(target, [(handle, reader)], key_filter=lambda k, p=part: hash(str(k)) % 2 == p)
+        halves[part] = read(target, KEYS)
+        target.dispose()
+    assert not converted
+    assert {**halves[0], **halves[1]} == want and halves[0] and halves[1]
+
+    timed = backend_of("rocksdb")
+    timed.set_current_key("k1")
+    timed.get_partitioned_state(COUNT).update(1)
+    timed.timer_queue("event-timers").add("k1", 5)
+    access = FileSystemCheckpointStorage(str(tmp_path / "ck2")).create_access("job")
+    with_timers = timed.snapshot(1, access.streams(1, "t")).run()
+    timed.dispose()
+    target = backend_of("rocksdb")
+    restore_into(target, [(with_timers, access.reader())], key_filter=lambda k: True)
+    assert len(target.timer_queue("event-timers")) == 1
+    target.dispose()
+    assert converted

@@ -290,6 +290,11 @@ class KeyedStateBackend(NamespacedStates, ABC):
     native_formats: tuple[str, ...] = ()
     filterable_formats: tuple[str, ...] = ()
 
+    def filters(self, handle: dict[str, Any]) -> bool:
+        """Whether :meth:`restore_sources` keeps only some keys of ``handle`` itself (its format
+        is in ``filterable_formats``, or the backend reads it key by key natively)."""
+        return handle.get("format") in self.filterable_formats
+
     def restore_key_check(self, handle: dict[str, Any]) -> RestoreCheck | None:
         """How the keys of ``handle`` restore here, by the key type it records (see
         :func:`statekit.serde.keytypes.restore_key_check`): None, a check of each restored key,

@@ -55,7 +55,7 @@ def _restore(backend: KeyedStateBackend, sources: list[RestoreSource],
         if fmt not in _READERS:
             raise CorruptCheckpointError(f"unknown snapshot format {fmt!r}")
         backend.restore_key_check(handle)  # a key type that cannot restore fails before any work
-        readable = fmt in (backend.filterable_formats if filtering else backend.native_formats)
+        readable = backend.filters(handle) if filtering else fmt in backend.native_formats
         (direct if readable else foreign).append((handle, reader))
     if not foreign:
         backend.restore_sources(direct, key_filter=key_filter, skip_states=skip_states)

@@ -22,7 +22,7 @@ from statekit.backends.rocksdb.checks import CheckedFamily, RestoreChecks
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
 from statekit.backends.rocksdb.encoding import key_bytes
 from statekit.backends.rocksdb.heap_timers import HeapTimers
-from statekit.backends.rocksdb.restore import RocksDBRestoreOperation
+from statekit.backends.rocksdb.restore import RocksDBRestoreOperation, filters_natively
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, RocksDBSnapshotStrategy
 from statekit.backends.rocksdb.states import (
     RocksDBListState,
@@ -415,6 +415,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     native_formats = (*KV_FORMATS, ROCKSDB_FORMAT)
     filterable_formats = KV_FORMATS
+
+    def filters(self, handle: dict[str, Any]) -> bool:
+        """Backend-neutral handles, and native ones of this max parallelism without timers: their
+        keys are read from the restored files and filtered as they are copied (a rescale); other
+        native handles are converted first (:mod:`~statekit.backends.transfer`)."""
+        return super().filters(handle) or filters_natively(handle, self.max_parallelism)
 
     def restore_sources(self, sources: list[RestoreSource], *,
                         key_filter: Callable[[Any], bool] | None = None,

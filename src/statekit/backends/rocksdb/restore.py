@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import Rdict, WriteBatch
 
-from statekit.backends.kvformat import KV_FORMATS, read_kv_states
+from statekit.backends.kvformat import KV_FORMATS, filter_flags, read_kv_states
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
@@ -149,6 +149,17 @@ def check_native_db(db: Rdict, handle: dict[str, Any]) -> None:
             del cf
 
 
+def filters_natively(handle: dict[str, Any], max_parallelism: int) -> bool:
+    """Whether a restore keeps some keys of this handle by reading its files directly: a native
+    handle of ``max_parallelism`` without timers (timers take the conversion to a savepoint)."""
+    states = handle.get("states")
+    return (handle.get("format") == ROCKSDB_FORMAT and not handle.get("heap_timers")
+            and int(handle.get("max_parallelism", max_parallelism)) == max_parallelism
+            and isinstance(states, dict)
+            and all(isinstance(e, dict) and e.get("kind") in ("value", "list", "map")
+                    for e in states.values()))
+
+
 class RocksDBRestoreOperation:
     """Restores one RocksDB keyed backend from task handles of any partitioning."""
 
@@ -162,6 +173,7 @@ class RocksDBRestoreOperation:
         mine = backend.key_group_range
         native: list[tuple[int, dict[str, Any], StateReader]] = []
         neutral: list[tuple[dict[str, Any], StateReader, RestoreCheck | None]] = []
+        filtered: list[tuple[dict[str, Any], StateReader, RestoreCheck | None]] = []
         checked: set[str] = set()  # states of native handles whose keys need a type check
         native_check: RestoreCheck | None = None
         for handle, reader in sources:
@@ -177,9 +189,12 @@ class RocksDBRestoreOperation:
                         f"this job uses {backend.max_parallelism}"
                     )
                 if key_filter is not None or skip_states:
-                    raise CorruptCheckpointError(
-                        "a native RocksDB checkpoint restores only whole key groups: convert it "
-                        "first (statekit.backends.transfer.restore_into)")
+                    if not filters_natively(handle, backend.max_parallelism):
+                        raise CorruptCheckpointError(
+                            "a native RocksDB checkpoint with timers restores only whole key "
+                            "groups: convert it first (statekit.backends.transfer.restore_into)")
+                    filtered.append((handle, reader, key_check))
+                    continue
                 native.append((len(kgr.intersection(mine)), handle, reader))
                 if key_check is not None:
                     checked.update(handle["states"])
@@ -211,9 +226,11 @@ class RocksDBRestoreOperation:
                 backend.heap_store.load_plain(handle, reader)
             if native_check is not None:
                 self._check_keys(checked, native_check)
+        for handle, reader, key_check in filtered:
+            self._copy_filtered(handle, reader, key_filter, skip_states, key_check)
         if neutral:
             self._ingest_kv(neutral, key_filter, skip_states)
-        if not native and not neutral:
+        if not native and not neutral and not filtered:
             backend.ensure_open()
         backend.heap_store.settle(use_heap=backend.heap_timers)
 
@@ -285,7 +302,6 @@ class RocksDBRestoreOperation:
         type checked where the snapshot's key type asks for it."""
         backend = self.backend
         writer = _BatchWriter(backend.ensure_open())
-        kgp = backend.kg_prefixes
         entries = ((item, key_check) for handle, reader, key_check in sources
                    for item in read_kv_states([handle], reader, backend.key_group_range,
                                               backend.max_parallelism, key_filter))
@@ -300,26 +316,87 @@ class RocksDBRestoreOperation:
                     backend.heap_store.add_serialized(name, kb, vb)
                 continue
             self._note_state(name, entry)
-            backend.cf(name)
-            handle = backend.db.get_column_family_handle(name)
-            index = None
-            if kind == TIMERS_KIND:
-                backend.cf(index_name(name))
-                index = backend.db.get_column_family_handle(index_name(name))
-            for kb, vb in zip(keys, values, strict=True):
-                prefix = kgp[kg] + kb
-                if kind == TIMERS_KIND:
-                    for timestamp in timer_stamps(name, vb):
-                        writer.put(prefix + ts8(timestamp), packb(timestamp), handle)
-                        writer.put(kgp[kg] + ts8(timestamp) + kb, b"", index)
-                elif kind == "value":
-                    writer.put(prefix, vb, handle)
-                elif kind == "list":
-                    for i, elem in enumerate(split_array(vb)):
-                        writer.put(prefix + i.to_bytes(8, "big"), elem, handle)
-                else:
-                    for pair in split_array(vb):
-                        uk, uv = split_array(pair)
-                        writer.put(prefix + uk, b"" if uv == NIL else uv, handle)
+            self._put_entries(writer, name, kind, kg, keys, values)
             writer.write_if_full()
         writer.close()
+
+    def _put_entries(self, writer: _BatchWriter, name: str, kind: str, kg: int,
+                     keys: list[bytes], values: list[bytes]) -> None:
+        """Write backend-neutral entries (serialized keys of key group ``kg``, values) of a state
+        as this backend's RocksDB entries."""
+        backend, kgp = self.backend, self.backend.kg_prefixes
+        backend.cf(name)
+        handle = backend.db.get_column_family_handle(name)
+        index = None
+        if kind == TIMERS_KIND:
+            backend.cf(index_name(name))
+            index = backend.db.get_column_family_handle(index_name(name))
+        for kb, vb in zip(keys, values, strict=True):
+            prefix = kgp[kg] + kb
+            if kind == TIMERS_KIND:
+                for timestamp in timer_stamps(name, vb):
+                    writer.put(prefix + ts8(timestamp), packb(timestamp), handle)
+                    writer.put(kgp[kg] + ts8(timestamp) + kb, b"", index)
+            elif kind == "value":
+                writer.put(prefix, vb, handle)
+            elif kind == "list":
+                for i, elem in enumerate(split_array(vb)):
+                    writer.put(prefix + i.to_bytes(8, "big"), elem, handle)
+            else:
+                for pair in split_array(vb):
+                    uk, uv = split_array(pair)
+                    writer.put(prefix + uk, b"" if uv == NIL else uv, handle)
+
+    def _copy_filtered(self, handle: dict[str, Any], reader: StateReader,
+                       key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str],
+                       key_check: RestoreCheck | None) -> None:
+        """Copy the keys ``key_filter`` keeps, of this backend's key groups, from another
+        partition's native checkpoint, read directly from its files (a rescale): what a
+        conversion to a savepoint and back would keep, without writing and reading it."""
+        backend = self.backend
+        theirs = KeyGroupRange.of(handle["key_group_range"]).intersection(backend.key_group_range)
+        lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
+        tmp = Path(tempfile.mkdtemp(prefix="restore-", dir=backend.instance_dir))
+        try:
+            self._download(handle, reader, tmp / "db")
+            src = open_db(tmp / "db", backend.options, read_only=True)
+            try:
+                check_native_db(src, handle)
+                writer = _BatchWriter(backend.ensure_open())
+                for name, entry in handle["states"].items():
+                    if name in skip_states:
+                        continue
+                    self._note_state(name, entry)
+                    backend.cf(name)
+                    source = src.get_column_family(name)
+                    for kg, keys, values in _chunks(grouped(source, entry["kind"], lo, hi)):
+                        unpacked = unpack_each(keys)
+                        if key_check is not None:
+                            key_check(unpacked)
+                        if key_filter is not None:
+                            kept = [i for i, keep in enumerate(filter_flags(key_filter, unpacked))
+                                    if keep]
+                            keys, values = [keys[i] for i in kept], [values[i] for i in kept]
+                        self._put_entries(writer, name, entry["kind"], kg, keys, values)
+                        writer.write_if_full()
+                    del source
+                writer.close()
+            finally:
+                src.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _chunks(items: Iterator[tuple[int, bytes, bytes]], size: int = 4096
+            ) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+    """``(key group, keys, values)`` runs of at most ``size`` entries of one key group."""
+    kg_now, keys, values = -1, [], []
+    for kg, kb, value in items:
+        if keys and (kg != kg_now or len(keys) >= size):
+            yield kg_now, keys, values
+            keys, values = [], []
+        kg_now = kg
+        keys.append(kb)
+        values.append(value)
+    if keys:
+        yield kg_now, keys, values
