@@ -8,6 +8,7 @@ checkpoints, savepoints) are ingested entry by entry.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -267,34 +268,44 @@ class RocksDBRestoreOperation:
     def _download(self, handle: dict[str, Any], reader: StateReader, dest: Path) -> None:
         download_native(handle, reader, dest, self.backend.pool_map)
 
-    def _copy_from(self, handle: dict[str, Any], reader: StateReader) -> None:
-        """Copy the in-range key groups of another partition's checkpoint into this database."""
+    @contextlib.contextmanager
+    def _opened(self, handle: dict[str, Any], reader: StateReader
+                ) -> Iterator[tuple[Rdict, bytes, bytes]]:
+        """Another partition's native checkpoint, downloaded beside this database and opened
+        read-only and checked: ``(database, lo, hi)``, the key range of this backend's key groups
+        in it; removed afterwards."""
         backend = self.backend
         theirs = KeyGroupRange.of(handle["key_group_range"]).intersection(backend.key_group_range)
+        lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
         tmp = Path(tempfile.mkdtemp(prefix="restore-", dir=backend.instance_dir))
         try:
             self._download(handle, reader, tmp / "db")
             src = open_db(tmp / "db", backend.options, read_only=True)
             try:
                 check_native_db(src, handle)
-                lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
-                for name in column_families(handle["states"]):
-                    source = src.get_column_family(name)
-                    backend.cf(name)
-                    target = backend.db.get_column_family_handle(name)
-                    writer = _BatchWriter(backend.db)
-                    for key, value in source.items(from_key=lo):
-                        if key >= hi:
-                            break
-                        writer.put(key, value, target)
-                        writer.write_if_full()
-                    writer.close()
-                    del source
+                yield src, lo, hi
             finally:
                 src.close()
-            self._note_states(handle)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _copy_from(self, handle: dict[str, Any], reader: StateReader) -> None:
+        """Copy the in-range key groups of another partition's checkpoint into this database."""
+        backend = self.backend
+        with self._opened(handle, reader) as (src, lo, hi):
+            for name in column_families(handle["states"]):
+                source = src.get_column_family(name)
+                backend.cf(name)
+                target = backend.db.get_column_family_handle(name)
+                writer = _BatchWriter(backend.db)
+                for key, value in source.items(from_key=lo):
+                    if key >= hi:
+                        break
+                    writer.put(key, value, target)
+                    writer.write_if_full()
+                writer.close()
+                del source
+        self._note_states(handle)
 
     def _ingest_kv(self, sources: list[tuple[dict[str, Any], StateReader, RestoreCheck | None]],
                    key_filter: Callable[[Any], bool] | None, skip_states: frozenset[str]) -> None:
@@ -354,37 +365,26 @@ class RocksDBRestoreOperation:
         partition's native checkpoint, read directly from its files (a rescale): what a
         conversion to a savepoint and back would keep, without writing and reading it."""
         backend = self.backend
-        theirs = KeyGroupRange.of(handle["key_group_range"]).intersection(backend.key_group_range)
-        lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
-        tmp = Path(tempfile.mkdtemp(prefix="restore-", dir=backend.instance_dir))
-        try:
-            self._download(handle, reader, tmp / "db")
-            src = open_db(tmp / "db", backend.options, read_only=True)
-            try:
-                check_native_db(src, handle)
-                writer = _BatchWriter(backend.ensure_open())
-                for name, entry in handle["states"].items():
-                    if name in skip_states:
-                        continue
-                    self._note_state(name, entry)
-                    backend.cf(name)
-                    source = src.get_column_family(name)
-                    for kg, keys, values in _chunks(grouped(source, entry["kind"], lo, hi)):
-                        unpacked = unpack_each(keys)
-                        if key_check is not None:
-                            key_check(unpacked)
-                        if key_filter is not None:
-                            kept = [i for i, keep in enumerate(filter_flags(key_filter, unpacked))
-                                    if keep]
-                            keys, values = [keys[i] for i in kept], [values[i] for i in kept]
-                        self._put_entries(writer, name, entry["kind"], kg, keys, values)
-                        writer.write_if_full()
-                    del source
-                writer.close()
-            finally:
-                src.close()
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with self._opened(handle, reader) as (src, lo, hi):
+            writer = _BatchWriter(backend.ensure_open())
+            for name, entry in handle["states"].items():
+                if name in skip_states:
+                    continue
+                self._note_state(name, entry)
+                backend.cf(name)
+                source = src.get_column_family(name)
+                for kg, keys, values in _chunks(grouped(source, entry["kind"], lo, hi)):
+                    unpacked = unpack_each(keys)
+                    if key_check is not None:
+                        key_check(unpacked)
+                    if key_filter is not None:
+                        kept = [i for i, keep in enumerate(filter_flags(key_filter, unpacked))
+                                if keep]
+                        keys, values = [keys[i] for i in kept], [values[i] for i in kept]
+                    self._put_entries(writer, name, entry["kind"], kg, keys, values)
+                    writer.write_if_full()
+                del source
+            writer.close()
 
 
 def _chunks(items: Iterator[tuple[int, bytes, bytes]], size: int = 4096
