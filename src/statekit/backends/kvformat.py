@@ -357,11 +357,13 @@ def check_kv_handle(handle: dict[str, Any], max_parallelism: int) -> KeyGroupRan
         raise CorruptCheckpointError("snapshot without a valid key_group_range") from exc
 
 
-def filter_flags(key_filter: Callable[[Any], bool], keys: list[Any]) -> list[bool]:
-    """Whether ``key_filter`` keeps each key: at once when the filter offers ``mask(keys)`` (a
-    rescale's Spark partition filter hashes many keys in one go), else key by key."""
+def kept_indices(key_filter: Callable[[Any], bool], keys: list[Any]) -> list[int]:
+    """The indices of the keys ``key_filter`` keeps: decided at once when the filter offers
+    ``mask(keys)`` (a rescale's Spark partition filter hashes many keys in one go), else key by
+    key."""
     mask = getattr(key_filter, "mask", None)
-    return list(mask(keys)) if mask is not None else [bool(key_filter(key)) for key in keys]
+    flags = mask(keys) if mask is not None else map(key_filter, keys)
+    return [i for i, keep in enumerate(flags) if keep]
 
 
 def read_kv_states(
@@ -379,8 +381,7 @@ def read_kv_states(
                 for kg, keys, values, _ in indexed_chunks(name, entry, reader, key_group_range,
                                                           max_parallelism):
                     if key_filter is not None:
-                        flags = filter_flags(key_filter, [unpackb(kb) for kb in keys])
-                        kept = [i for i, keep in enumerate(flags) if keep]
+                        kept = kept_indices(key_filter, [unpackb(kb) for kb in keys])
                         keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     yield name, entry, kg, keys, values
                 continue
@@ -392,9 +393,9 @@ def read_kv_states(
                     raise CorruptCheckpointError(f"state '{name}': {exc}") from None
                 groups = key_groups_for_bytes(kbs, max_parallelism)
                 chunks: dict[int, tuple[list[bytes], list[bytes]]] = {}
-                flags = filter_flags(key_filter, keys) if key_filter is not None else None
+                owned = None if key_filter is None else set(kept_indices(key_filter, keys))
                 for i, (kb, kg, value) in enumerate(zip(kbs, groups.tolist(), values, strict=True)):
-                    if kg not in key_group_range or (flags is not None and not flags[i]):
+                    if kg not in key_group_range or (owned is not None and i not in owned):
                         continue
                     chunk = chunks.setdefault(kg, ([], []))
                     chunk[0].append(kb)

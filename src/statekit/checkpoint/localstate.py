@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from statekit.checkpoint.blobstore.base import check_key
 from statekit.checkpoint.blobstore.local import LocalBlobStore
@@ -42,6 +42,7 @@ from statekit.serde.msgpack import packb
 log = logging.getLogger("statekit.localrecovery")
 
 MANIFEST = "_local"
+_T = TypeVar("_T")
 _COPY = re.compile(r"chk-(0|[1-9][0-9]{0,18})")
 _PENDING = re.compile(r"\.pending-(0|[1-9][0-9]{0,18})-[0-9a-f]{12}")
 
@@ -214,14 +215,19 @@ class FallbackReader(StateReader):
         log.warning("a read of the local copy failed (%s); reading checkpoint storage instead",
                     exc)
 
-    def read(self, handle: dict[str, Any], offset: int | None = None, length: int | None = None,
-             crc: int | None = None) -> bytes:
+    def _either(self, local: Callable[[], _T], remote: Callable[[], _T]) -> _T:
+        """``local()``, or ``remote()`` once the copy failed (see :meth:`_fall_back`)."""
         if self._use_local():
             try:
-                return self.local.read(handle, offset, length, crc)
+                return local()
             except (StatekitError, OSError) as exc:
                 self._fall_back(exc)
-        return self.remote.read(handle, offset, length, crc)
+        return remote()
+
+    def read(self, handle: dict[str, Any], offset: int | None = None, length: int | None = None,
+             crc: int | None = None) -> bytes:
+        return self._either(lambda: self.local.read(handle, offset, length, crc),
+                            lambda: self.remote.read(handle, offset, length, crc))
 
     def read_parts(self, handle: dict[str, Any], locations: list[list[int]], *,
                    owned: bool = False) -> Iterator[bytes | memoryview]:
@@ -238,24 +244,16 @@ class FallbackReader(StateReader):
 
     def check(self, handle: dict[str, Any],
               progress: Callable[[int], None] | None = None) -> int:
-        if self._use_local():
-            try:
-                return self.local.check(handle, progress)
-            except (StatekitError, OSError) as exc:
-                self._fall_back(exc)
-        return self.remote.check(handle, progress)
+        return self._either(lambda: self.local.check(handle, progress),
+                            lambda: self.remote.check(handle, progress))
 
     def read_file(self, handle: dict[str, Any], local_path: str | os.PathLike[str], *,
                   allow_link: bool = False, deferred: list[FileCheck] | None = None) -> None:
         """As :meth:`StateReader.read_file`; a local copy's files are always checked now (a
         later failure could no longer fall back), those of checkpoint storage as asked."""
-        if self._use_local():
-            try:
-                self.local.read_file(handle, local_path, allow_link=allow_link)
-                return
-            except (StatekitError, OSError) as exc:
-                self._fall_back(exc)
-        self.remote.read_file(handle, local_path, allow_link=allow_link, deferred=deferred)
+        self._either(lambda: self.local.read_file(handle, local_path, allow_link=allow_link),
+                     lambda: self.remote.read_file(handle, local_path, allow_link=allow_link,
+                                                   deferred=deferred))
 
 
 class _Pending:

@@ -227,6 +227,7 @@ class PartitionStore:
         #: what the last open restored (None: nothing, or this process's state reused): recorded
         #: with the version it commits, with the bytes its readers read by then
         self.restore_info: dict[str, Any] | None = None
+        self._restore_readers: list[Any] = []
         self.reused = False
         #: where the last open found the state: ``reused`` (this process's), ``local`` (the
         #: executor's local copy), ``remote`` (checkpoint storage), None (nothing to restore)
@@ -282,10 +283,10 @@ class PartitionStore:
                 create, sources, readers or [None] * len(sources), key_filter=owns,
                 skip_states=skip)
             used = {id(r): r for r in [*(r for _, r in sources), *readers] if r is not None}
+            self._restore_readers = list(used.values())
             self.restore_info = {"from": base, "rescaled": owns is not None,
                                  "sources": len(sources), "source": self.source,
-                                 "seconds": round(time.perf_counter() - started, 4),
-                                 "readers": list(used.values())}
+                                 "seconds": round(time.perf_counter() - started, 4)}
             if own and len(sources) == 1:  # its own version, whole: the next one's base
                 backend.adopt_restored_base(sources[0][0])
         else:
@@ -379,9 +380,8 @@ class PartitionStore:
             "timestamp": int(time.time() * 1000), **(extra or {}),
         }
         if self.restore_info is not None:  # this attempt restored: what that read, and from where
-            info = dict(self.restore_info)
-            info["bytes_read"] = sum(r.bytes_read for r in info.pop("readers"))
-            body["restore"] = info
+            body["restore"] = {**self.restore_info, "bytes_read": sum(
+                r.bytes_read for r in self._restore_readers)}
         try:
             path = self.access.commit(self.batch, body)
         except BaseException:

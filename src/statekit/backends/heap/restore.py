@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from statekit.backends.heap.lazy import LazyPart, LazyValues, read_head
 from statekit.backends.heap.table import Restored
 from statekit.backends.kvformat import (
-    filter_flags,
     indexed_chunks,
+    kept_indices,
     log_chunks,
     plain_chunks,
     plain_kept,
@@ -62,7 +62,7 @@ class SourceLoad:
         keep = self.key_filter
         if keep is None:
             return None
-        own = [i for i, kept in enumerate(filter_flags(keep, keys)) if kept]
+        own = kept_indices(keep, keys)
         return None if len(own) == len(keys) else own
 
     def _keep(self, keys: list[Any], values: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import Rdict, WriteBatch
 
-from statekit.backends.kvformat import KV_FORMATS, filter_flags, read_kv_states
+from statekit.backends.kvformat import KV_FORMATS, kept_indices, read_kv_states
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
@@ -209,8 +209,7 @@ class RocksDBRestoreOperation:
         if native:
             _, base, base_reader = native[0]
             deferred: list[FileCheck] | None = [] if backend.lazy_restore else None
-            download_native(base, base_reader, backend.db_path, backend.pool_map,
-                            deferred=deferred)
+            self._download(base, base_reader, backend.db_path, deferred)
             check_native_db(backend.ensure_open(), base)
             if deferred:  # from here on, scans wait for the check (restore.py's own too)
                 backend.check_later(deferred)
@@ -265,8 +264,9 @@ class RocksDBRestoreOperation:
         for name, entry in handle["states"].items():
             self._note_state(name, entry)
 
-    def _download(self, handle: dict[str, Any], reader: StateReader, dest: Path) -> None:
-        download_native(handle, reader, dest, self.backend.pool_map)
+    def _download(self, handle: dict[str, Any], reader: StateReader, dest: Path,
+                  deferred: list[FileCheck] | None = None) -> None:
+        download_native(handle, reader, dest, self.backend.pool_map, deferred=deferred)
 
     @contextlib.contextmanager
     def _opened(self, handle: dict[str, Any], reader: StateReader
@@ -374,12 +374,11 @@ class RocksDBRestoreOperation:
                 backend.cf(name)
                 source = src.get_column_family(name)
                 for kg, keys, values in _chunks(grouped(source, entry["kind"], lo, hi)):
-                    unpacked = unpack_each(keys)
+                    unpacked = unpack_each(keys) if key_check or key_filter else None
                     if key_check is not None:
                         key_check(unpacked)
                     if key_filter is not None:
-                        kept = [i for i, keep in enumerate(filter_flags(key_filter, unpacked))
-                                if keep]
+                        kept = kept_indices(key_filter, unpacked)
                         keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     self._put_entries(writer, name, entry["kind"], kg, keys, values)
                     writer.write_if_full()
