@@ -287,7 +287,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.heap.transfer.thread.num", _POS_INT, "1",
            "Local runner: how many tasks' asynchronous heap snapshot parts run at once (each "
            "snapshot is written by one thread). Restores do not use it (a heap restore reads "
-           "part heads on four threads and values with one read-ahead thread); the Spark "
+           "part heads in one pass and values with one read-ahead thread); the Spark "
            "adapters refuse it."),
     # --- object stores ----------------------------------------------------------------------------
     Option("state.storage.fs.retries", _NONNEG_INT, "4", "Retries of a failed store operation."),

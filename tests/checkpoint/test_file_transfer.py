@@ -398,6 +398,44 @@ def test_read_parts_detects_damage_before_handing_a_part_out(store, how):
     assert got == good
 
 
+@pytest.mark.parametrize("how", ["intact", "flip", "truncate", "extend"])
+def test_read_ranges_reads_and_checks_far_apart_ranges(store, how):
+    """Far-apart ranges of one file (part heads) come back in order, each checked against its
+    CRC: a local file through one open, other stores range by range; a damaged range is a
+    ChecksumMismatchError after the good ones before it, a file of another size than recorded a
+    TruncatedCheckpointError."""
+    handle, locations = _streams(store).write_parts(iter(PARTS), state_name="s")
+    data = b"".join(PARTS)
+    ranges = [[offset, min(length, 7), zlib.crc32(data[offset:offset + min(length, 7)])]
+              for offset, length, _ in locations]
+    expected = [data[offset:offset + length] for offset, length, _ in ranges]
+    raw = bytearray(store.get(handle["path"]))
+    error, good = None, expected
+    if how == "flip":
+        raw[ranges[3][0] + 2] ^= 0xFF  # inside the fourth range
+        error, good = ChecksumMismatchError, expected[:3]
+    elif how == "truncate":
+        raw = raw[:-10]
+        error, good = TruncatedCheckpointError, []
+    elif how == "extend":
+        raw += b"\0"
+        error, good = TruncatedCheckpointError, []
+    store.put(handle["path"], bytes(raw))
+    reader = StateReader(store)
+    got = []
+    if error is None:
+        got = [bytes(d) for d in reader.read_ranges(handle, ranges)]
+    else:
+        with pytest.raises(error):
+            for d in reader.read_ranges(handle, ranges):
+                got.append(bytes(d))
+    assert got == good
+    if error is None:
+        assert reader.bytes_read == sum(length for _, length, _ in ranges)
+    inline = {"type": "inline", "data": data, "size": len(data), "crc": zlib.crc32(data)}
+    assert [bytes(d) for d in StateReader(store).read_ranges(inline, ranges)] == expected
+
+
 def test_read_parts_reuses_buffers_and_stops_early(store, monkeypatch):
     from statekit.checkpoint import reader as reader_module
 

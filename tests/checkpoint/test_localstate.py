@@ -2,6 +2,7 @@
 for, whole, below its root and reached without links; otherwise the caller falls back."""
 
 import os
+import zlib
 
 import pytest
 
@@ -137,6 +138,22 @@ def _fallback_setup(setup):
     copy.write_bytes(bytes(data))
     reader = FallbackReader(local.reader(1, handle), remote.reader())
     return reader, handle, parts, payload
+
+
+def test_fallback_reader_reads_damaged_ranges_from_checkpoint_storage_once_armed(setup):
+    """Part heads read from a damaged copy: raised during the restore; once armed, the damaged
+    range and those after it come from checkpoint storage."""
+    from statekit.errors import ChecksumMismatchError
+
+    reader, handle, parts, payload = _fallback_setup(setup)
+    ranges = [[offset, 200, zlib.crc32(payload[offset:offset + 200])] for offset, _, _ in parts]
+    with pytest.raises(ChecksumMismatchError):  # the damaged byte 500 is in the second range
+        list(reader.read_ranges(handle, ranges))
+    assert not reader.failed
+    reader.arm()
+    got = [bytes(d) for d in reader.read_ranges(handle, ranges)]
+    assert got == [payload[offset:offset + 200] for offset, _, _ in ranges]
+    assert reader.failed
 
 
 def test_fallback_reader_reads_damaged_parts_from_checkpoint_storage_once_armed(setup):

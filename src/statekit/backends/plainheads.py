@@ -6,7 +6,6 @@ every reader of a plain entry checks them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from statekit.checkpoint.checksum import crc32
@@ -67,15 +66,10 @@ def check_head(name: str, n: int, part: bytes | memoryview, head: Any) -> None:
                                      "recorded length and checksum")
 
 
-#: head reads of one entry in flight at once (each a small ranged read: local seeks, remote
-#: round trips)
-HEAD_READERS = 4
-
-
 def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
                    ) -> Iterator[tuple[list[int], list[int], list[Any]]]:
     """``(location, [head length, head crc], plain keys)`` of each part of a plain entry that
-    records heads, in order: only the heads are read (on :data:`HEAD_READERS` threads) and each
+    records heads, in order: only the heads are read (:meth:`StateReader.read_ranges`) and each
     is checked against its checksum."""
     heads = plain_heads(name, entry)
     assert heads is not None
@@ -87,8 +81,7 @@ def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
             raise CorruptCheckpointError(f"state '{name}': malformed part heads")
         checked.append([size, crc])
 
-    def keys_of(n: int) -> list[Any]:
-        head = reader.read(data, locations[n][0], *checked[n])
+    def keys_of(n: int, head: bytes | memoryview) -> list[Any]:
         try:
             if head[0] != 0x92:
                 raise SerializationError("not a pair of arrays")
@@ -99,6 +92,6 @@ def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
             raise CorruptCheckpointError(f"state '{name}' part {n}: malformed")
         return keys
 
-    with ThreadPoolExecutor(HEAD_READERS, thread_name_prefix="statekit-heads") as pool:
-        for n, keys in enumerate(pool.map(keys_of, range(len(locations)))):
-            yield locations[n], checked[n], keys
+    ranges = [[loc[0], size, crc] for loc, (size, crc) in zip(locations, checked, strict=True)]
+    for n, head in enumerate(reader.read_ranges(data, ranges)):
+        yield locations[n], checked[n], keys_of(n, head)

@@ -231,16 +231,27 @@ class FallbackReader(StateReader):
 
     def read_parts(self, handle: dict[str, Any], locations: list[list[int]], *,
                    owned: bool = False) -> Iterator[bytes | memoryview]:
+        return self._each(lambda reader, rest: reader.read_parts(handle, rest, owned=owned),
+                          locations)
+
+    def read_ranges(self, handle: dict[str, Any], locations: list[list[int]]
+                    ) -> Iterator[bytes | memoryview]:
+        return self._each(lambda reader, rest: reader.read_ranges(handle, rest), locations)
+
+    def _each(self, read: Callable[[StateReader, list[list[int]]], Iterator[bytes | memoryview]],
+              locations: list[list[int]]) -> Iterator[bytes | memoryview]:
+        """``read(reader, locations)`` from the local copy; once the copy failed, the locations
+        not read yet from checkpoint storage."""
         done = 0
         if self._use_local():
             try:
-                for part in self.local.read_parts(handle, locations, owned=owned):
-                    yield part
+                for data in read(self.local, locations):
+                    yield data
                     done += 1
                 return
             except (StatekitError, OSError) as exc:
                 self._fall_back(exc)
-        yield from self.remote.read_parts(handle, locations[done:], owned=owned)
+        yield from read(self.remote, locations[done:])
 
     def check(self, handle: dict[str, Any],
               progress: Callable[[int], None] | None = None) -> int:

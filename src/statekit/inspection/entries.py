@@ -85,7 +85,8 @@ def peek_count(source: PartitionSource, entry: dict[str, Any]) -> int | None:
             heads: Any = (blob[offset:offset + min(length, 16)] for offset, length in locations)
         elif data.get("type") == "file":
             heads = source.store.get_ranges(check_key(str(data["path"])),
-                                            [(offset, min(length, 16)) for offset, length in locations])
+                                            [(offset, min(length, 16)) for offset, length in locations],
+                                            sparse=True)
         else:
             return None
         total = 0

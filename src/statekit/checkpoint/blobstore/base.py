@@ -107,6 +107,11 @@ class BlobStore(ABC):
         return False
 
     @property
+    def local(self) -> bool:
+        """Blobs are files on this machine: a ranged read costs a system call, not a round trip."""
+        return False
+
+    @property
     def atomic_put(self) -> bool:
         """The earlier name of :attr:`supports_atomic_put`."""
         return self.supports_atomic_put
@@ -177,12 +182,14 @@ class BlobStore(ABC):
         self.put(key, b"".join(parts))
 
     def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]],
-                   into: Callable[[int], memoryview] | None = None) -> Iterator[bytes | memoryview]:
+                   into: Callable[[int], memoryview] | None = None, *, sparse: bool = False
+                   ) -> Iterator[bytes | memoryview]:
         """The ``(offset, length)`` ranges of the blob ``key``, in order (a short read at the end
         of a truncated blob is returned short; the caller verifies).
 
         ``into(length)`` supplies a buffer for each range (reused buffers spare a restore from
         faulting in fresh memory for every read); the filled part of it is yielded.
+        ``sparse``: the ranges lie far apart (part heads), so nothing between them is read ahead.
         """
         for start, length in ranges:
             # an empty range reads nothing (fsspec's ranged reads take end=0 as "to the end")

@@ -16,6 +16,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import make_path_posix
@@ -148,9 +149,12 @@ class LocalBlobStore(PathBlobStore):
             raise CheckpointStorageError(f"cannot write {path}: {type(exc).__name__}: {exc}") from exc
 
     def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]],
-                   into: Callable[[int], memoryview] | None = None) -> Iterator[bytes | memoryview]:
+                   into: Callable[[int], memoryview] | None = None, *, sparse: bool = False
+                   ) -> Iterator[bytes | memoryview]:
         """One open file read with ``pread``, the kernel prefetching ``_PREFETCH`` bytes ahead
-        (``POSIX_FADV_WILLNEED``) while the caller checks and decodes."""
+        (``POSIX_FADV_WILLNEED``) while the caller checks and decodes; ``sparse`` ranges are
+        all asked for at once instead, and nothing else is read (the kernel reads them in
+        parallel while the first are copied out)."""
         path = self._path(key)
         try:
             fd, _ = open_regular(self.root, key)
@@ -163,6 +167,9 @@ class LocalBlobStore(PathBlobStore):
         advise = getattr(os, "posix_fadvise", None)
         prefetched = 0  # the kernel was asked to read everything below this offset
         try:
+            if sparse:
+                yield from _sparse_reads(fd, path, ranges, into, advise)
+                return
             if advise is not None:
                 advise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             for start, length in ranges:
@@ -305,6 +312,22 @@ def _kernel_copy(src_fd: int, dst_fd: int, *, start_writeback: bool = False) -> 
         if advise is not None and n == _COPY_CHUNK:
             advise(dst_fd, offset, n, os.POSIX_FADV_DONTNEED)
         offset += n
+
+
+def _sparse_reads(fd: int, path: str, ranges: Sequence[tuple[int, int]],
+                  into: Callable[[int], memoryview] | None, advise: Any
+                  ) -> Iterator[bytes | memoryview]:
+    """``pread`` of far-apart ranges of one open file, the kernel asked for all of them first."""
+    try:
+        if advise is not None:
+            advise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for start, length in ranges:
+                if length:
+                    advise(fd, start, length, os.POSIX_FADV_WILLNEED)
+        for start, length in ranges:
+            yield _pread_full(fd, start, length, None if into is None else into(length))
+    except OSError as exc:
+        raise CheckpointStorageError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
 
 
 def _pread_full(fd: int, start: int, length: int, buffer: memoryview | None = None

@@ -164,12 +164,15 @@ class BlobStoreConformance:
 
         assert [bytes(b) for b in store.get_ranges("r", ranges, into)] == expected
         assert len(buffers) == len(ranges)
+        # far-apart ranges (part heads): the same bytes, nothing else read ahead
+        assert [bytes(b) for b in store.get_ranges("r", ranges, sparse=True)] == expected
+        assert [bytes(b) for b in store.get_ranges("r", ranges[::-1], sparse=True)] == expected[::-1]
 
     # --- capabilities ----------------------------------------------------------------------------
 
     def test_capabilities_are_flags(self, store: BlobStore) -> None:
         for name in ("supports_atomic_put", "supports_links", "supports_streamed_writes",
-                     "supports_temporary_files"):
+                     "supports_temporary_files", "local"):
             assert isinstance(getattr(store, name), bool), name
         assert isinstance(store.describe(), str)
 
