@@ -3,7 +3,8 @@
 ``build``: writes ``keys`` values of ``value_bytes`` into one ValueState, takes a checkpoint (the
 first of an incremental backend: everything), changes 1 % of the keys and takes the next
 (incremental) checkpoint.  ``restore``: a fresh backend restores the newest checkpoint and reads
-one key (restart -> first element).  Prints one JSON line of figures.
+one key (restart -> first element), then finishes the restore (every value installed, every file
+checked; its peak RSS is then the restored state's).  Prints one JSON line of figures.
 
 Run: ``python -m benchmarks.growth_driver build|restore <backend> <keys> <value bytes> <dir>``.
 """
@@ -107,8 +108,10 @@ def restore(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any
     assert first is not None and len(first) == value_bytes
     backend.set_current_key(0)  # a changed key holds its new value
     assert state.value() == _values(0, 1, value_bytes, 1)[0][::-1]
+    backend.finish_restore()  # every value installed (heap) / every file checked (RocksDB)
+    everything = time.perf_counter() - t0
     backend.dispose()
-    return {"restart_to_first_element_s": round(seconds, 3)}
+    return {"restart_to_first_element_s": round(seconds, 3), "restore_all_s": round(everything, 3)}
 
 
 def main() -> None:

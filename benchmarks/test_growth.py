@@ -1,5 +1,6 @@
 """Growth curves: one ValueState of 1 KiB values at 0.1, 1 and 10 GiB (RocksDB, within a 1 GiB
-memory budget) and 0.1 and 1 GiB (heap: what memory allows next to other sessions).
+memory budget) and 0.1 and 1 GiB (heap: what memory allows next to other sessions); and the heap
+with small values (100 B) at 10^5, 10^6 and 10^7 keys, where the per-key costs dominate.
 
 Per size and backend, each phase in its own process (``benchmarks/growth_driver.py``): build,
 full checkpoint, 1 % of the keys changed and an incremental checkpoint, then a cold restart
@@ -24,16 +25,18 @@ import pytest
 
 from benchmarks._common import MIB, drop_tree_cache, loadavg, raw_disk_throughput, scratch_dir
 
-VALUE_BYTES = 1024
-CASES = [("rocksdb", 100_000), ("rocksdb", 1_000_000), ("rocksdb", 10_000_000),
-         ("heap", 100_000), ("heap", 1_000_000)]
+VALUE_BYTES, SMALL_VALUE_BYTES = 1024, 100
+CASES = [("rocksdb", 100_000, VALUE_BYTES), ("rocksdb", 1_000_000, VALUE_BYTES),
+         ("rocksdb", 10_000_000, VALUE_BYTES), ("heap", 100_000, VALUE_BYTES),
+         ("heap", 1_000_000, VALUE_BYTES), ("heap", 100_000, SMALL_VALUE_BYTES),
+         ("heap", 1_000_000, SMALL_VALUE_BYTES), ("heap", 10_000_000, SMALL_VALUE_BYTES)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _phase(phase: str, kind: str, keys: int, root: Path) -> dict[str, Any]:
+def _phase(phase: str, kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.growth_driver", phase, kind, str(keys),
-         str(VALUE_BYTES), str(root)],
+         str(value_bytes), str(root)],
         cwd=ROOT, capture_output=True, text=True, timeout=3600,
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,20 +44,22 @@ def _phase(phase: str, kind: str, keys: int, root: Path) -> dict[str, Any]:
 
 
 @pytest.mark.large
-@pytest.mark.parametrize(("kind", "keys"), CASES, ids=[f"{k}-{n}" for k, n in CASES])
-def test_growth(benchmark: Any, kind: str, keys: int) -> None:
+@pytest.mark.parametrize(("kind", "keys", "value_bytes"), CASES,
+                         ids=[f"{k}-{n}" + ("" if b == VALUE_BYTES else f"x{b}") for k, n, b in CASES])
+def test_growth(benchmark: Any, kind: str, keys: int, value_bytes: int) -> None:
     benchmark.group = "growth"
-    root = scratch_dir(f"growth-{kind}-{keys}")
+    root = scratch_dir(f"growth-{kind}-{keys}x{value_bytes}")
     try:
-        disk = raw_disk_throughput(root / "disk", min(keys * VALUE_BYTES, 2048 * MIB))
+        disk = raw_disk_throughput(root / "disk", min(keys * value_bytes, 2048 * MIB))
         built: dict[str, Any] = {}
-        benchmark.pedantic(lambda: built.update(_phase("build", kind, keys, root)), rounds=1,
-                           iterations=1)
+        benchmark.pedantic(lambda: built.update(_phase("build", kind, keys, value_bytes, root)),
+                           rounds=1, iterations=1)
         drop_tree_cache(root / "checkpoints")
-        restored = _phase("restore", kind, keys, root)
+        restored = _phase("restore", kind, keys, value_bytes, root)
         state_bytes = built["full"]["bytes"]
         figures = {
-            "backend": kind, "keys": keys, "state_gib": round(keys * VALUE_BYTES / 2**30, 3),
+            "backend": kind, "keys": keys, "value_bytes": value_bytes,
+            "state_gib": round(keys * value_bytes / 2**30, 3),
             "build": built, "restore": restored, "disk": disk, "loadavg": loadavg(),
             "ratios": {
                 "full_checkpoint_vs_disk_write": round(
@@ -65,9 +70,12 @@ def test_growth(benchmark: Any, kind: str, keys: int) -> None:
                     / disk["read_mb_s"], 3),
                 "peak_rss_build_mb": built["peak_rss_mb"],
                 "peak_rss_restore_mb": restored["peak_rss_mb"],
+                "peak_rss_restore_vs_state": round(restored["peak_rss_mb"] * 2**20 / state_bytes, 3),
+                "restore_all_vs_disk_read": round(
+                    state_bytes / restored["restore_all_s"] / 1e6 / disk["read_mb_s"], 3),
             },
         }
         benchmark.extra_info.update(figures)
-        print(f"\ngrowth {kind} {keys}: {json.dumps(figures)}")
+        print(f"\ngrowth {kind} {keys} x {value_bytes} B: {json.dumps(figures)}")
     finally:
         shutil.rmtree(root, ignore_errors=True)

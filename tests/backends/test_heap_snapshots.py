@@ -557,13 +557,19 @@ def test_a_pacer_following_another_goes_on_from_its_turn(monkeypatch: Any) -> No
 def test_a_snapshot_written_by_the_thread_that_took_it_is_not_paced(
         monkeypatch: Any, on_taker: bool) -> None:
     """Pacing leaves the GIL to the processing thread, so a snapshot written by that thread
-    itself (a Spark task's commit) never sleeps; one written by a transfer thread beside a busy
-    processing thread does."""
+    itself (a Spark task's commit) never sleeps, and reads its captures in place (nothing
+    changes them meanwhile) instead of copying them out first; one written by a transfer thread
+    beside a busy processing thread does both."""
+    from statekit.backends.heap import capture as capture_module
     from statekit.backends.heap import snapshot as heap_module
 
     slept: list[float] = []
+    copies: list[int] = []
     monkeypatch.setattr(heap_module, "PACE_TURN", 0.0)  # every step ends a turn
     monkeypatch.setattr(heap_module.time, "sleep", slept.append)
+    copy_out = capture_module.Capture.copy_out
+    monkeypatch.setattr(capture_module.Capture, "copy_out",
+                        lambda self, pace: copies.append(1) or copy_out(self, pace))
     backend = make()
     populate(backend, 3_000)
     access = memory_access()
@@ -583,6 +589,7 @@ def test_a_snapshot_written_by_the_thread_that_took_it_is_not_paced(
     access.commit(1, {"tasks": {"t": handle}})
     assert dump(restore(access, 1), range(3_000)) == dump(backend, range(3_000))
     assert (slept == []) is on_taker
+    assert (copies == []) is on_taker
 
 
 def _moving(init: Any, move: Any) -> Any:
