@@ -19,32 +19,32 @@ def test_every_entry_names_a_known_key_or_namespace():
 @pytest.mark.parametrize("key", sorted(k for k in cfg.KEYS if k.startswith("restart-strategy.")))
 def test_each_restart_strategy_key_is_refused(key):
     with pytest.raises(ConfigError, match=r"spark\.task\.maxFailures"):
-        refuse_local_only({key: "1"}, None)
+        refuse_local_only({key: "1"})
 
 
 def test_keys_that_take_effect_on_spark_pass():
     refuse_local_only({"state.backend.type": "rocksdb", "execution.checkpointing.mode": "EXACTLY_ONCE",
                        "state.backend.incremental": "true", "state.partition.versions-retained": "3",
-                       "pipeline.max-parallelism": "256"}, None)
+                       "pipeline.max-parallelism": "256"})
 
 
 def test_at_least_once_is_refused_in_any_spelling():
     for value in ("AT_LEAST_ONCE", "at-least-once"):
         with pytest.raises(ConfigError, match="exactly once"):
             conf = {"execution.checkpointing.mode": value}
-            refuse_local_only(conf, conf)
+            refuse_local_only(conf)
 
 
 def test_local_copy_root_is_refused_and_local_recovery_passes():
     """Spark executors keep their local copies under their own local directories."""
-    refuse_local_only({"state.backend.local-recovery": "true"}, None)
+    refuse_local_only({"state.backend.local-recovery": "true"})
     with pytest.raises(ConfigError, match=r"spark\.local\.dir"):
-        refuse_local_only({"taskmanager.state.local.root-dirs": "/x"}, None)
+        refuse_local_only({"taskmanager.state.local.root-dirs": "/x"})
 
 
 def test_heap_transfer_threads_are_refused_and_rocksdb_transfer_threads_pass():
     """The heap key only paces the local runner's snapshot writers; RocksDB's downloads and
     uploads use its key in every Spark task."""
-    refuse_local_only({"state.backend.rocksdb.checkpoint.transfer.thread.num": "4"}, None)
+    refuse_local_only({"state.backend.rocksdb.checkpoint.transfer.thread.num": "4"})
     with pytest.raises(ConfigError, match=r"spark\.executor\.cores"):
-        refuse_local_only({"state.backend.heap.transfer.thread.num": "4"}, None)
+        refuse_local_only({"state.backend.heap.transfer.thread.num": "4"})

@@ -66,6 +66,39 @@ def test_bad_conf_argument_fails_at_the_adapter_call(spark, adapter):
         call(spark, adapter, conf={"state.backend.type": "nosuch"})
 
 
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_statekit_environment_variables_take_effect_on_spark(spark, adapter, monkeypatch):
+    """``STATEKIT_*`` variables of the driver are read as on the local runner, below Spark conf
+    and ``conf=``; a typo, a bad value or a key Spark cannot act on is refused at the call,
+    named as the variable."""
+    from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+    from statekit.spark.adapters import resolve, statekit_conf
+
+    monkeypatch.setenv("STATEKIT_STATE_BACKEND_TYPE", "rocksdb")
+    assert isinstance(resolve(statekit_conf(spark))[0], EmbeddedRocksDBStateBackend)
+    spark.conf.set("spark.statekit.state.backend.type", "hashmap")  # Spark conf wins
+    try:
+        assert statekit_conf(spark)["state.backend.type"] == "hashmap"
+    finally:
+        spark.conf.unset("spark.statekit.state.backend.type")
+    assert statekit_conf(spark, {"state.backend": "hashmap"})["state.backend.type"] == "hashmap"
+    cases = [("STATEKIT_STATE_BACKEND_TYPE", "rockdb", UnknownPluginError,
+              r"^STATEKIT_STATE_BACKEND_TYPE.*did you mean 'rocksdb'"),
+             ("STATEKIT_STATE_BACKEND_TYP", "rocksdb", ConfigError,
+              r"^STATEKIT_STATE_BACKEND_TYP\b.*STATEKIT_STATE_BACKEND_TYPE"),
+             ("STATEKIT_STATE_BACKEND_INCREMENTAL", "maybe", ConfigError,
+              r"^STATEKIT_STATE_BACKEND_INCREMENTAL"),
+             ("STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL", "10 s", ConfigError,
+              r"^STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL.*local runner.*trigger")]
+    monkeypatch.delenv("STATEKIT_STATE_BACKEND_TYPE")
+    for name, value, error, pattern in cases:
+        monkeypatch.setenv(name, value)
+        with pytest.raises(error, match=pattern):
+            call(spark, adapter)
+        monkeypatch.delenv(name)
+    assert spark.streams.active == []
+
+
 def test_local_only_keys_in_the_conf_argument_are_named_as_written(spark):
     with pytest.raises(ConfigError, match=r"^execution\.checkpointing\.unaligned.*trigger"):
         call(spark, "transform_with_state", conf={"execution.checkpointing.unaligned": "true"})

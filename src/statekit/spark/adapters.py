@@ -74,12 +74,26 @@ LOCAL_ONLY = {
 }
 
 
-def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Flat statekit keys from Spark conf (``spark.statekit.<key>``), then ``overrides``.
+class FlatConf(dict[str, Any]):
+    """Flat statekit keys, each with how the user wrote it (``written``), for messages."""
+
+    written: dict[str, str]
+
+
+def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> FlatConf:
+    """Flat statekit keys from the driver's ``STATEKIT_*`` environment variables, then Spark conf
+    (``spark.statekit.<key>``), then ``overrides``, each winning over the ones before.
 
     Every key is checked here, in the driver: a key statekit does not know (a typo) or a
-    malformed value raises :class:`ConfigError` naming it, with the nearest known key.
+    malformed value raises :class:`ConfigError` naming it as it was written, with the nearest
+    known key.
     """
+    from_env = cfg.from_env()  # an unknown STATEKIT_STATE_... variable is refused here
+    for key, value in from_env.items():
+        try:
+            cfg.validate({key: value})
+        except ConfigError as exc:
+            raise ConfigError(cfg.env_name(key), str(exc).split(": ", 1)[-1]) from None
     found: dict[str, Any] = {}
     for key, value in spark.sparkContext.getConf().getAll():
         if key.startswith(SPARK_PREFIX):
@@ -94,28 +108,35 @@ def statekit_conf(spark: Any, overrides: Mapping[str, Any] | None = None) -> dic
             found[key[len(SPARK_PREFIX):]] = value
     from_spark = cfg.validate(cfg.normalize(found), all_keys_are_statekit=True, prefix=SPARK_PREFIX)
     given = cfg.validate(cfg.normalize(overrides), all_keys_are_statekit=True)
-    return {**from_spark, **given}
+    flat = FlatConf({**from_env, **from_spark, **given})
+    flat.written = {**{key: cfg.env_name(key) for key in from_env},
+                    **{key: SPARK_PREFIX + key for key in from_spark}, **{key: key for key in given}}
+    return flat
 
 
-def refuse_local_only(flat: Mapping[str, Any], given: Mapping[str, Any] | None) -> None:
+def refuse_local_only(flat: Mapping[str, Any]) -> None:
     """Refuse, at the adapter call, a key that only the local runner acts on (a checkpoint
     interval, a restart strategy, ...), naming the Spark setting that does its job instead:
     accepted and ignored, it would promise what the query does not do."""
     mode = str(flat.get("execution.checkpointing.mode") or "EXACTLY_ONCE").upper()
     if mode.replace("-", "_") == "AT_LEAST_ONCE":
-        raise ConfigError(_as_written("execution.checkpointing.mode", given),
+        raise ConfigError(_as_written("execution.checkpointing.mode", flat),
                           "AT_LEAST_ONCE cannot take effect on Spark: statekit's state commits "
                           "with Spark's micro-batches, exactly once")
     for key in sorted(flat):
         instead = LOCAL_ONLY.get(key) or next(
             (v for k, v in LOCAL_ONLY.items() if k.endswith(".") and key.startswith(k)), None)
         if instead is not None:
-            raise ConfigError(_as_written(key, given),
+            raise ConfigError(_as_written(key, flat),
                               f"takes effect only on the local runner; in a Spark query use {instead}")
 
 
 def _as_written(key: str, given: Mapping[str, Any] | None) -> str:
-    """The key as the user wrote it: in the adapter's ``conf`` or as a Spark conf key."""
+    """The key as the user wrote it: in the adapter's ``conf``, as an environment variable or as
+    a Spark conf key (``given``: the adapter's ``conf``, or :func:`statekit_conf`'s result)."""
+    written = getattr(given, "written", None)
+    if written is not None:
+        return str(written.get(key, SPARK_PREFIX + key))
     return key if given is not None and key in cfg.normalize(given) else SPARK_PREFIX + key
 
 
@@ -159,13 +180,13 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
     reporting.install()
     schema = _struct(spark, output_schema)
     flat = statekit_conf(spark, conf)
-    refuse_local_only(flat, conf)
+    refuse_local_only(flat)
     operator_id = operator_id or type(function).__name__
     try:
         backend, storage = resolve(flat, spark, operator_id)
     except ConfigError as exc:  # name the key as the user wrote it
-        raise type(exc)(_as_written(exc.key, conf), str(exc).split(": ", 1)[-1]) from None
-    _check_local_directory(flat, conf)
+        raise type(exc)(_as_written(exc.key, flat), str(exc).split(": ", 1)[-1]) from None
+    _check_local_directory(flat)
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits
         remember_working_roots(roots())
@@ -189,14 +210,14 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
     return spec, schema
 
 
-def _check_local_directory(flat: Mapping[str, Any], given: Mapping[str, Any] | None) -> None:
+def _check_local_directory(flat: Mapping[str, Any]) -> None:
     """A local ``state.checkpoints.dir`` statekit could not write is refused at the call (not at
     the first batch, as an error inside every task): the directory, or the nearest existing
     directory above it, must take a new file."""
     url = str(flat.get("state.checkpoints.dir") or "")
     if not url or ("://" in url and not url.startswith("file://")):
         return  # unset (beside the query's checkpoint, which Spark checks at start) or remote
-    key = _as_written("state.checkpoints.dir", given)
+    key = _as_written("state.checkpoints.dir", flat)
     path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
     probe = path
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
