@@ -320,3 +320,25 @@ def test_pyflink_names_that_used_to_fail():
         assert serializer.deserialize(serializer.serialize(value)) == value
         assert serializer.check("not a date") is not None
     assert FileSystemCheckpointStorage("/tmp/b", write_buffer_size=100).get_write_buffer_size() == 100
+
+
+@pytest.mark.parametrize("where", ["under a regular file", "under /proc", "under /sys"])
+def test_an_unusable_checkpoint_directory_fails_before_the_job_runs(tmp_path, where):
+    """On the local runner as at a Spark adapter's call: a typed error before the first element,
+    not a failed checkpoint, restarts and the same error again at each attempt."""
+    (tmp_path / "file").write_text("a regular file")
+    directory = {"under a regular file": str(tmp_path / "file" / "statekit"),
+                 "under /proc": "/proc/statekit-test-dir", "under /sys": "/sys/statekit-test-dir"}[where]
+    seen = []
+    env = StreamExecutionEnvironment.get_execution_environment(
+        {"state.checkpoints.dir": directory, "execution.checkpointing.interval": "1 s"})
+    with pytest.raises(ConfigError, match=r"^state\.checkpoints\.dir: .*(not a directory|cannot write)"):
+        env.from_collection([1, 2]).key_by(lambda x: x).map(seen.append).execute_and_collect("j")
+    assert seen == []
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.enable_checkpointing(1000)
+    env.get_checkpoint_config().set_checkpoint_storage(
+        CustomCheckpointStorage(FileSystemCheckpointStorage(directory)))  # set in code: the same
+    with pytest.raises(ConfigError, match=r"^state\.checkpoints\.dir"):
+        env.from_collection([1, 2]).key_by(lambda x: x).map(seen.append).execute_and_collect("j")
+    assert seen == []

@@ -40,6 +40,10 @@ class CheckpointStorage(Configurable, ABC):
     def get_savepoint_path(self) -> str | None:
         """Default directory for savepoints, or None."""
 
+    def check_writable(self) -> None:
+        """ConfigError if checkpoints certainly cannot be written here (a job checks before it
+        starts; nothing to check by default)."""
+
 
 class CustomCheckpointStorage(CheckpointStorage):
     """Wraps a user-provided :class:`CheckpointStorage` instance (PyFlink's ``CustomCheckpointStorage``)."""
@@ -60,6 +64,9 @@ class CustomCheckpointStorage(CheckpointStorage):
 
     def create_access(self, job_id: str) -> CheckpointStorageAccess:
         return self.storage.create_access(job_id)
+
+    def check_writable(self) -> None:
+        self.storage.check_writable()
 
     def get_savepoint_path(self) -> str | None:
         return self.storage.get_savepoint_path()

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +24,28 @@ WRITE_BUFFER_KEY = "state.storage.fs.write-buffer-size"
 
 #: the storage's flat keys (a setting made in code wins over them)
 _SETTINGS = (Setting("multipart_threshold", ("state.storage.fs.multipart-threshold",)),)
+
+
+def check_local_directory(url: str, key: str = "state.checkpoints.dir") -> None:
+    """ConfigError (naming ``key``) unless statekit can keep checkpoints under the local path or
+    ``file://`` URL ``url``: the directory, or the nearest existing one above it, must take a
+    new file.  Other URLs are not checked (their stores report their own errors)."""
+    if "://" in url and not url.startswith("file://"):
+        return
+    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+    probe = path
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(key, f"{url}: {probe} is not a directory, so statekit cannot keep "
+                               "checkpoints under it")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".statekit-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ConfigError(key, f"{url}: statekit cannot write in {probe} ({exc.strerror or exc})"
+                          ) from None
 
 
 class FileSystemCheckpointStorage(CheckpointStorage):
@@ -61,6 +85,11 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         self._retry_given = retry  # None: not set in code, the flat keys decide
         self.retry = retry or RetryPolicy()
         self.multipart_threshold = multipart_threshold
+
+    def check_writable(self) -> None:
+        """ConfigError unless a local checkpoint directory can take files (see
+        :func:`check_local_directory`): a job checks it before it starts."""
+        check_local_directory(self._checkpoint_path)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> FileSystemCheckpointStorage:

@@ -96,6 +96,8 @@ class LocalJob:
         self.backend_factory = self.env.resolved_state_backend()
         self.checkpoint_config = self.env.get_checkpoint_config()
         self.storage = self.env.resolved_checkpoint_storage()
+        if self.checkpoint_config.is_checkpointing_enabled():
+            self.storage.check_writable()  # an unwritable directory fails here, not every checkpoint
         self.access: CheckpointStorageAccess = self.storage.create_access(self.job_id)
         self.outputs = Outputs(sink=sink, side_sinks=dict(stream._side_sinks))
         self.stats: list[CheckpointStats] = []

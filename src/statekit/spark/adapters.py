@@ -11,14 +11,13 @@ partition's work ends.  :func:`build_spec` checks all of it at the adapter call.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from statekit import config as cfg
 from statekit.backends.base import StateBackend
 from statekit.checkpoint.base import CheckpointStorage
+from statekit.checkpoint.filesystem import check_local_directory
 from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.errors import ConfigError, StateError, StatekitError
 from statekit.runtime.checkpointed import refuse_operator_state
@@ -212,26 +211,10 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
 
 def _check_local_directory(flat: Mapping[str, Any]) -> None:
     """A local ``state.checkpoints.dir`` statekit could not write is refused at the call (not at
-    the first batch, as an error inside every task): the directory, or the nearest existing
-    directory above it, must take a new file."""
+    the first batch, as an error inside every task)."""
     url = str(flat.get("state.checkpoints.dir") or "")
-    if not url or ("://" in url and not url.startswith("file://")):
-        return  # unset (beside the query's checkpoint, which Spark checks at start) or remote
-    key = _as_written("state.checkpoints.dir", flat)
-    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
-    probe = path
-    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ConfigError(key, f"{url}: {probe} is not a directory, so statekit cannot keep "
-                               "checkpoints under it")
-    try:
-        fd, name = tempfile.mkstemp(prefix=".statekit-probe-", dir=probe)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as exc:
-        raise ConfigError(key, f"{url}: statekit cannot write in {probe} ({exc.strerror or exc})"
-                          ) from None
+    if url:  # unset: beside the query's checkpoint, which Spark checks at start
+        check_local_directory(url, _as_written("state.checkpoints.dir", flat))
 
 
 def _struct(spark: Any, schema: Any) -> Any:
