@@ -13,3 +13,34 @@ def test_a_backend_typo_fails_at_once(demo, capsys):
     assert caught.value.code == 2
     err = capsys.readouterr().err
     assert "--backend" in err and "did you mean 'hashmap'" in err
+
+
+@pytest.mark.parametrize("demo", [spark_demo, local_demo])
+def test_bad_counts_and_directories_fail_at_once(demo, capsys, tmp_path):
+    """A negative or zero count, a count that is no number, a --dir that is a file: one usage
+    line each (exit code 2), before any work (no temporary directory is made)."""
+    (tmp_path / "file").write_text("not a directory")
+    count = "--rows" if demo is spark_demo else "--events"
+    for args, words in (([count, "-5"], "at least"), ([count, "x"], "expected an integer"),
+                        (["--users", "0"], "at least 1"),
+                        (["--dir", str(tmp_path / "file")], "not a directory")):
+        with pytest.raises(SystemExit) as caught:
+            demo.main(args)
+        assert caught.value.code == 2
+        assert words in capsys.readouterr().err, args
+
+
+def test_the_inspect_hint_runs_in_this_shell(monkeypatch, tmp_path):
+    """The command the demos print runs whether or not the virtualenv is activated."""
+    import os
+    import shutil
+    import sys
+
+    from statekit.demo import statekit_command
+
+    script = os.path.join(os.path.dirname(sys.executable), "statekit")
+    monkeypatch.setenv("PATH", str(tmp_path))  # not activated: the script by its path
+    command = statekit_command()
+    assert command.endswith(os.path.join("bin", "statekit")) and os.path.exists(command)
+    monkeypatch.setenv("PATH", os.path.dirname(script))
+    assert statekit_command() == "statekit" and shutil.which("statekit")

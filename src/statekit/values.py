@@ -38,7 +38,7 @@ def bounded(key: str, number: int) -> int:
     return number
 
 
-def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str) -> int:
+def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str, example: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(key, f"expected a {what}, got {value!r}")
     if isinstance(value, int):
@@ -49,17 +49,17 @@ def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str) ->
         return int(value)
     match = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", str(value))
     if not match or match.group(2).lower() not in ({""} | set(units)):
-        raise ConfigError(key, f"expected a {what} such as '10 s' or '20 kb', got {value!r}")
+        raise ConfigError(key, f"expected a {what} such as {example}, got {value!r}")
     factor = units.get(match.group(2).lower(), 1)
     return bounded(key, int(float(match.group(1)) * factor))
 
 
 def parse_duration_ms(key: str, value: Any) -> int:
-    return _number_with_unit(key, value, _DURATION_UNITS, "duration")
+    return _number_with_unit(key, value, _DURATION_UNITS, "duration", "'10 s' or '500 ms'")
 
 
 def parse_size(key: str, value: Any) -> int:
-    return _number_with_unit(key, value, _SIZE_UNITS, "memory size")
+    return _number_with_unit(key, value, _SIZE_UNITS, "memory size", "'20 kb' or '64 mb'")
 
 
 def _parse_number(key: str, value: Any, convert: Callable[[str], Any], what: str) -> Any:

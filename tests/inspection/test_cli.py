@@ -79,6 +79,19 @@ def test_wrong_path_is_one_clear_line(tmp_path):
     out = run("checkpoints", "inspect", str(tmp_path / "missing"), code=2)
     assert out.strip() == f"error: no such directory: {tmp_path / 'missing'}"
     assert "Traceback" not in run("checkpoints", "verify", str(tmp_path / "missing"), code=2)
+    (tmp_path / "empty").mkdir()  # a directory without checkpoints: nothing there, as for list
+    assert run("checkpoints", "verify", str(tmp_path / "empty"), code=2).startswith("NOTHING TO CHECK")
+    run("checkpoints", "list", str(tmp_path / "empty"), code=2)
+    (tmp_path / "file.txt").write_text("not a checkpoint")
+    out = run("checkpoints", "inspect", str(tmp_path / "file.txt"), code=2)
+    assert out.strip() == f"error: not a directory: {tmp_path / 'file.txt'}"
+
+
+def test_a_state_name_that_names_no_state_is_wrong_usage(jobs, tmp_path):
+    out = run("state", "export", jobs["hashmap"].path, "--state", "nosuch", "--to",
+              str(tmp_path / "x.parquet"), code=2)
+    assert "no such state" in out and "count" in out and "Traceback" not in out
+    assert not (tmp_path / "x.parquet").exists()
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])

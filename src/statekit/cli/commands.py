@@ -12,7 +12,12 @@ from typing import Any
 import click
 
 from statekit.cli import output
-from statekit.errors import CheckpointNotFoundError, CorruptCheckpointError, StatekitError
+from statekit.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    StateError,
+    StatekitError,
+)
 
 #: exit codes: 1 damaged state or a failed check, 2 wrong usage or nothing at the path
 DAMAGED, NOT_FOUND = 1, 2
@@ -50,7 +55,8 @@ def common(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(DAMAGED)
         except (StatekitError, ValueError) as exc:
             output.error(str(exc))
-            sys.exit(DAMAGED)
+            # a state name that names no state (or several): wrong usage, as a wrong path
+            sys.exit(NOT_FOUND if type(exc) is StateError else DAMAGED)
 
     return wrapper
 
@@ -218,7 +224,8 @@ def verify(path: str, as_json: bool, deep: bool, latest: bool,
            storage_options: dict[str, Any]) -> None:
     """Check every file the checkpoints at PATH reference: present, size, CRC-32.
 
-    Exit code 0 when everything is intact, 1 when anything is damaged or missing.
+    Exit code 0 when everything is intact, 1 when anything is damaged or missing, 2 when PATH
+    holds no checkpoint to check.
     """
     from statekit.inspection import verify as run
 
@@ -235,7 +242,7 @@ def verify(path: str, as_json: bool, deep: bool, latest: bool,
         output.line(f"{verdict}: {len(report.checkpoints)} checkpoint(s), {report.files} file(s), "
                     f"{output.human_bytes(report.bytes)} checked, {len(report.problems)} problem(s)")
     if not report.ok:
-        sys.exit(DAMAGED)
+        sys.exit(DAMAGED if report.problems else NOT_FOUND)
 
 
 # --- checkpoints gc ------------------------------------------------------------------------------

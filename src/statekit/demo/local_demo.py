@@ -21,7 +21,7 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
-from statekit.demo import check_backend_flag
+from statekit.demo import at_least, check_backend_flag, check_work_dir, statekit_command
 
 
 class UserTotals(KeyedProcessFunction):
@@ -77,10 +77,12 @@ def run_job(events_: list[Any], backend: str, directory: str, parallelism: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", default="hashmap")
-    parser.add_argument("--dir", default=None, help="checkpoint directory (default: a temp dir)")
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--users", type=int, default=5_000)
+    parser.add_argument("--dir", default=None,
+                        help="checkpoint directory (default: a new temporary one), kept afterwards")
+    parser.add_argument("--events", type=at_least(2), default=200_000)
+    parser.add_argument("--users", type=at_least(1), default=5_000)
     args = parser.parse_args(argv)
+    check_work_dir(parser, args.dir)
     check_backend_flag(parser, args.backend)
     directory = args.dir or tempfile.mkdtemp(prefix="statekit-demo-")
     all_events = events(args.events, args.users)
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     top = sorted(expected.items(), key=lambda kv: -kv[1][1])[:3]
     print(f"{len(all_events)} events, {len(expected)} users, {elapsed:.1f} s, "
           f"{len(all_events) / elapsed:,.0f} events/s; top users by amount: {top}")
+    print(f"checkpoints kept for you to look at: {statekit_command()} checkpoints list "
+          f"{directory} (then: rm -rf {directory})")
     print("RESULT: " + ("OK — state and outputs exactly once across crash, restart, resume and "
                         "rescale" if ok else "MISMATCH"))
     return 0 if ok else 1

@@ -14,7 +14,9 @@ Run: ``python -m statekit.demo.spark_demo [--backend rocksdb|hashmap] [--adapter
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
-from statekit.demo import check_backend_flag
+from statekit.demo import at_least, check_backend_flag, check_work_dir, statekit_command
 from statekit.errors import StatekitError
 
 SESSION_GAP_MS = 30 * 60 * 1000
@@ -103,13 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="rocksdb",
                         help="statekit backend: the one config flag (default: rocksdb)")
     parser.add_argument("--adapter", default="foreach_batch", choices=ADAPTERS)
-    parser.add_argument("--files", type=int, default=6)
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--users", type=int, default=2_000)
+    parser.add_argument("--files", type=at_least(2), default=6,
+                        help="input files, half before the restart (at least 2)")
+    parser.add_argument("--rows", type=at_least(1), default=20_000, help="events per file")
+    parser.add_argument("--users", type=at_least(1), default=2_000)
     parser.add_argument("--dir", default=None,
                         help="work directory (default: a new one in the temporary directory); "
                              "kept afterwards, so the state can be inspected")
     args = parser.parse_args(argv)
+    check_work_dir(parser, args.dir)
     try:
         check_backend_flag(parser, args.backend)  # a typo fails here, before Spark starts
         return run(args)
@@ -119,6 +123,27 @@ def main(argv: list[str] | None = None) -> int:
     except StatekitError as exc:  # raised by the adapter call, before any query starts
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
         return 2
+
+
+def _not_an_interrupt(record: logging.LogRecord) -> bool:
+    """A log record that is not a report of a call Ctrl-C interrupted (the driver's, or a batch
+    the stopping query interrupted)."""
+    from statekit.spark.stopping import QueryInterrupted
+
+    kind = record.exc_info[0] if record.exc_info else None
+    if kind is not None and issubclass(kind, KeyboardInterrupt | BrokenPipeError | QueryInterrupted):
+        return False
+    return "KeyboardInterrupt" not in record.getMessage()
+
+
+def _quiet_stop(spark: Any) -> None:
+    """Stop an interrupted run's query without the errors its tasks and Spark log on the way."""
+    try:
+        spark.sparkContext.setLogLevel("OFF")
+        for query in spark.streams.active:
+            query.stop()
+    except Exception:  # noqa: S110 (already stopping: what is left is Spark's to report)
+        pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,6 +162,12 @@ def run(args: argparse.Namespace) -> int:
     with stage("starting Spark (local[2], loopback only)"):
         spark = local_spark(app_name="statekit-demo",
                             conf={"spark.statekit.state.backend.type": args.backend})
+    # Ctrl-C: a plain KeyboardInterrupt here (PySpark's own handler calls into the JVM from
+    # inside the interrupted call, which fails and logs several tracebacks), and py4j's reports
+    # of the call it interrupted left out
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("", "py4j", "py4j.java_gateway", "py4j.clientserver"):
+        logging.getLogger(name).addFilter(_not_an_interrupt)
     latest: dict[str, tuple[Any, ...]] = {}
     produced = {"rows": 0}
 
@@ -180,13 +211,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {type(found).__name__}: {found}" if found else f"error: {exc}", flush=True)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: say what is kept instead of a traceback
-        print(f"\ninterrupted; the work directory is kept: statekit checkpoints inspect "
-              f"{work}/query (then: rm -rf {work})", flush=True)
+        committed = os.path.isdir(f"{work}/query/commits") and os.listdir(f"{work}/query/commits")
+        look = (f"{statekit_command()} checkpoints inspect {work}/query (then: rm -rf {work})"
+                if committed else f"no batch was committed yet (rm -rf {work})")
+        print(f"\ninterrupted; the work directory is kept: {look}", flush=True)
+        _quiet_stop(spark)
         return 130
     finally:
         spark.stop()
     print(f"    statekit's checkpoints: {work}/query/statekit (beside the query's own)")
-    print(f"    kept for you to look at: statekit checkpoints inspect {work}/query "
+    print(f"    kept for you to look at: {statekit_command()} checkpoints inspect {work}/query "
           f"(then: rm -rf {work})")
 
     want = expected(pd.concat([first, rest], ignore_index=True))

@@ -89,7 +89,8 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> BlobS
     """The blob store rooted at ``url``; a missing local directory is CheckpointNotFoundError."""
     store = blob_store_for(url, storage_options)
     if isinstance(store, LocalBlobStore) and not os.path.isdir(store.root):
-        raise CheckpointNotFoundError(f"no such directory: {url}")
+        what = "not a directory" if os.path.exists(store.root) else "no such directory"
+        raise CheckpointNotFoundError(f"{what}: {url}")
     return store
 
 

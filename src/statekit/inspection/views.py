@@ -176,6 +176,12 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
     spark = catalog.jobs_of(listing, ["spark"])
     if spark or listing.carried:
         query = find_query(path, options)
+        if query is not None and batch is not None and (query.committed is None
+                                                        or batch > query.committed):
+            raise CheckpointNotFoundError(
+                f"{path}: no batch {batch}: the query's last committed batch is "
+                f"{query.committed}" if query.committed is not None
+                else f"{path}: the query has not committed a batch yet")
         if not snapshots_only and (listing.carried or any(_carries(job) for job in spark)):
             return _open_carried(path, query, batch, options)
         if query is not None and batch is None:
