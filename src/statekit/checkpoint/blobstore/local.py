@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -317,17 +318,27 @@ def _kernel_copy(src_fd: int, dst_fd: int, *, start_writeback: bool = False) -> 
 def _sparse_reads(fd: int, path: str, ranges: Sequence[tuple[int, int]],
                   into: Callable[[int], memoryview] | None, advise: Any
                   ) -> Iterator[bytes | memoryview]:
-    """``pread`` of far-apart ranges of one open file, the kernel asked for all of them first."""
-    try:
-        if advise is not None:
+    """``pread`` of far-apart ranges of one open file, while a helper thread asks the kernel for
+    all of them (asking can block while the disk is busy: the reads go on meanwhile)."""
+    def ask() -> None:
+        with contextlib.suppress(OSError):  # only advice: the reads report real errors
             advise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             for start, length in ranges:
                 if length:
                     advise(fd, start, length, os.POSIX_FADV_WILLNEED)
+
+    helper = None
+    if advise is not None and len(ranges) > 1:
+        helper = threading.Thread(target=ask, name="statekit-read-advice", daemon=True)
+        helper.start()
+    try:
         for start, length in ranges:
             yield _pread_full(fd, start, length, None if into is None else into(length))
     except OSError as exc:
         raise CheckpointStorageError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if helper is not None:
+            helper.join()  # before the caller closes the file
 
 
 def _pread_full(fd: int, start: int, length: int, buffer: memoryview | None = None
