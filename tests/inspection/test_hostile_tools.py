@@ -118,7 +118,7 @@ def test_export_and_convert_never_write_inside_the_checkpoint(tmp_path):
         with pytest.raises(ConfigError, match="inside the checkpoint directory"):
             export_state(chk, "count", target, fmt="csv")
     out = run("state", "export", chk, "--state", "count", "--operator", "p0", "--to",
-              f"{chk}/_metadata", code=1)
+              f"{chk}/_metadata", code=2)  # wrong usage
     assert "inside the checkpoint directory" in out
     with pytest.raises(ConfigError, match="inside the checkpoint directory"):
         convert_savepoint(open_checkpoint(chk), job, operator="p0")

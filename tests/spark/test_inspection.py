@@ -54,6 +54,11 @@ def test_foreach_batch_versions_by_batch(spark, tmp_path):
     assert "RunningCount" in table and "version" in table
     cli("state", "export", checkpoint, "--state", "c", "--batch", "2", "--to",
         str(tmp_path / "c.parquet"))
+    # nothing is written into the query's checkpointLocation (verify would count it)
+    for command in (["savepoint", "convert", checkpoint, "--to", f"{checkpoint}/sp"],
+                    ["state", "export", checkpoint, "--state", "c", "--to", f"{checkpoint}/c.csv"]):
+        assert "inside the checkpoint directory" in cli(*command, code=2)
+    assert not os.path.exists(f"{checkpoint}/sp") and not os.path.exists(f"{checkpoint}/c.csv")
     # a batch after the last committed one is not there (it was shown as the last one)
     assert "last committed batch is 2" in cli("checkpoints", "inspect", checkpoint, "--batch", "9",
                                               code=2)

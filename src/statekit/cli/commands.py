@@ -14,6 +14,7 @@ import click
 from statekit.cli import output
 from statekit.errors import (
     CheckpointNotFoundError,
+    ConfigError,
     CorruptCheckpointError,
     StateError,
     StatekitError,
@@ -55,8 +56,10 @@ def common(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(DAMAGED)
         except (StatekitError, ValueError) as exc:
             output.error(str(exc))
-            # a state name that names no state (or several): wrong usage, as a wrong path
-            sys.exit(NOT_FOUND if type(exc) is StateError else DAMAGED)
+            # a bad option value or a state name that names no state: wrong usage (as a wrong
+            # path), not damage
+            usage = isinstance(exc, ConfigError) or type(exc) is StateError
+            sys.exit(NOT_FOUND if usage else DAMAGED)
 
     return wrapper
 

@@ -100,9 +100,11 @@ class CheckpointView:
         this view reads: a checkpoint, savepoint or Spark partition directory is statekit's,
         and writing into it (its own ``_metadata`` included) would damage it."""
         where = _location(target)
-        for source in self.sources:
-            root = _location(source.store.root if isinstance(source.store, LocalBlobStore)
-                             else source.store.describe())
+        roots = [_location(source.store.root if isinstance(source.store, LocalBlobStore)
+                           else source.store.describe()) for source in self.sources]
+        if self.info.kind == "version":  # a Spark query's checkpointLocation: Spark's and ours
+            roots.append(_location(self.info.path))
+        for root in roots:
             if where == root or where.startswith(root.rstrip("/") + "/"):
                 raise ConfigError(what, f"{target} lies inside the checkpoint directory {root}; "
                                         "write it somewhere else")
