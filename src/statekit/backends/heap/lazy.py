@@ -15,7 +15,8 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
+from itertools import compress, repeat
+from operator import not_
 from typing import Any
 
 from statekit.backends.plainparts import plain_parts
@@ -37,7 +38,7 @@ class LazyPart:
     keys a later changelog overrode (not to be installed)."""
 
     __slots__ = ("at", "check", "count", "decoded", "dropped", "failed", "head_crc", "keep",
-                 "keys", "load", "name", "raw", "source", "unverified")
+                 "keys", "load", "name", "raw", "slot", "source", "unverified")
 
     def __init__(self, name: str, raw: bytes | memoryview | None, keys: list[Any], at: int,
                  count: int, keep: list[int] | None, check: Callable[[list[Any]], None], *,
@@ -50,6 +51,7 @@ class LazyPart:
         self.load: Callable[[], bytes | memoryview] | None = None if source is None else (
             lambda: source[0].read(source[1], *source[2]))
         self.dropped: set[Any] | None = None
+        self.slot = -1  # its number in its LazyValues (the key index maps keys to it)
         self.decoded: list[Any] | None = None  # values decoded ahead, not installed yet
         self.failed = False  # a decode of its values failed (raised wherever they are needed)
         # ``check_keys()`` of keys not checked against their recorded key groups yet
@@ -123,9 +125,9 @@ class LazyPart:
     def entries(self) -> tuple[list[Any], list[Any]]:
         """``(keys, plain values)`` of the entries still pending (overridden ones left out)."""
         keys, values = self.keys, self.values()
-        if self.dropped:
-            kept = [i for i, key in enumerate(keys) if key not in self.dropped]
-            keys, values = [keys[i] for i in kept], [values[i] for i in kept]
+        if self.dropped:  # (C-level passes: a changelog drops a few keys of every part)
+            kept = list(map(not_, map(self.dropped.__contains__, keys)))
+            keys, values = list(compress(keys, kept)), list(compress(values, kept))
         return keys, values
 
 
@@ -151,11 +153,15 @@ class LazyValues:
     the processing thread when it takes that part (never installed, never written through).
     """
 
-    __slots__ = ("_cond", "_stop", "_thread", "parts", "pending")
+    __slots__ = ("_cond", "_slots", "_stop", "_thread", "parts", "pending")
 
     def __init__(self) -> None:
-        self.parts: dict[int, LazyPart] = {}  # by id, in restore order
-        self.pending: dict[Any, LazyPart] = {}
+        self.parts: dict[int, LazyPart] = {}  # by slot, in restore order
+        # key -> its part's slot: ints, not the parts, so that a dict of restored int or str keys
+        # holds no tracked object and the garbage collector never walks it (a walk of 10^7
+        # entries was a 0.1 s pause just after the restore)
+        self.pending: dict[Any, int] = {}
+        self._slots = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -165,10 +171,17 @@ class LazyValues:
         CorruptCheckpointError: the sources of one restore hold disjoint keys."""
         pending = self.pending
         before = len(pending)
-        pending.update(zip(part.keys, repeat(part)))
+        part.slot = self._slots
+        self._slots += 1
+        pending.update(zip(part.keys, repeat(part.slot)))
         if len(pending) - before != len(part.keys):
             raise CorruptCheckpointError(f"state '{part.name}': a key is restored twice")
-        self.parts[id(part)] = part
+        self.parts[part.slot] = part
+
+    def part_of(self, key: Any) -> LazyPart | None:
+        """The pending part holding ``key``, if any."""
+        slot = self.pending.get(key)
+        return None if slot is None else self.parts.get(slot)
 
     def drop(self, keys: list[Any]) -> None:
         """Entries restored later (a changelog, another source) override these keys: they are
@@ -176,14 +189,14 @@ class LazyValues:
         pending = self.pending
         if pending:
             for key in pending.keys() & keys:
-                self.drop_from(pending.pop(key), key)
+                self.drop_from(self.parts[pending.pop(key)], key)
 
     def drop_from(self, part: LazyPart, key: Any) -> None:
         if part.dropped is None:
             part.dropped = set()
         part.dropped.add(key)
         if len(part.dropped) == len(part.keys):
-            self.parts.pop(id(part), None)
+            self.parts.pop(part.slot, None)
 
     def __len__(self) -> int:
         return len(self.pending)
@@ -197,7 +210,7 @@ class LazyValues:
         (processing thread); a failed decode is raised here and the part stays pending."""
         keys, values = part.entries()
         with self._cond:
-            self.parts.pop(id(part), None)
+            self.parts.pop(part.slot, None)
             part.decoded = None
             self._cond.notify_all()
         deque(map(self.pending.pop, keys, repeat(None)), 0)
@@ -241,14 +254,14 @@ class LazyValues:
                                 self._cond.wait(0.5)
                             if self._stop:
                                 return
-                            if id(part) not in self.parts:
+                            if part.slot not in self.parts:
                                 continue  # installed meanwhile
                         try:
                             values = part.values(raw)
                         except CorruptCheckpointError:  # marked failed: raised where needed
                             continue
                         with self._cond:
-                            if id(part) in self.parts:
+                            if part.slot in self.parts:
                                 part.decoded = values
         except Exception:  # unreadable now: the processing thread reads what it needs itself
             return

@@ -73,7 +73,7 @@ class HeapTable:
 
     def _pull(self, lazy: LazyValues, key: Any) -> None:
         """Install the pending part holding ``key``, else one part decoded ahead."""
-        part = lazy.pending.get(key)
+        part = lazy.part_of(key)
         entries = lazy.take(part) if part is not None else lazy.step()
         if entries is not None:
             self._install(*entries)
