@@ -182,7 +182,7 @@ def test_command_line(spark, tmp_path):
     assert written["keys"] == 6 and written["backend"] == "rocksdb" and written["batch_id"] >= 1
     assert os.path.isdir(tmp_path / "moved" / "statekit" / written["query_id"] / "Sessions")
     again = CliRunner().invoke(main, command)  # the target holds a checkpoint now
-    assert again.exit_code == 1 and "already holds" in again.output
+    assert again.exit_code == 2 and "already holds" in again.output  # wrong usage
     missing = CliRunner().invoke(main, [*command[:2], str(tmp_path / "none"),
                                         str(tmp_path / "t"), *command[4:]])
     assert missing.exit_code == 2 and "no committed batch" in missing.output
