@@ -130,13 +130,10 @@ def refuse_local_only(flat: Mapping[str, Any]) -> None:
                               f"takes effect only on the local runner; in a Spark query use {instead}")
 
 
-def _as_written(key: str, given: Mapping[str, Any] | None) -> str:
-    """The key as the user wrote it: in the adapter's ``conf``, as an environment variable or as
-    a Spark conf key (``given``: the adapter's ``conf``, or :func:`statekit_conf`'s result)."""
-    written = getattr(given, "written", None)
-    if written is not None:
-        return str(written.get(key, SPARK_PREFIX + key))
-    return key if given is not None and key in cfg.normalize(given) else SPARK_PREFIX + key
+def _as_written(key: str, flat: Mapping[str, Any]) -> str:
+    """The key as the user wrote it (``flat``: :func:`statekit_conf`'s result): in the adapter's
+    ``conf``, as an environment variable, else as a Spark conf key."""
+    return str(getattr(flat, "written", {}).get(key, SPARK_PREFIX + key))
 
 
 def resolve(conf: Mapping[str, Any], spark: Any = None, operator_id: str | None = None
