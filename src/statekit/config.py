@@ -60,7 +60,6 @@ __all__ = [  # with the value parsers, which callers use with these keys
     "parse_size",
     "parse_str",
     "read",
-    "reference_markdown",
     "validate",
 ]
 
@@ -140,6 +139,21 @@ def _refused(why: str) -> Callable[[str, Any], Any]:
     def parse(key: str, value: Any) -> Any:
         raise ConfigError(key, f"cannot take effect: {why}")
     return parse
+
+def _compaction_style(key: str, value: Any) -> str:
+    """LEVEL or UNIVERSAL; FIFO (Flink accepts it) deletes the oldest files, state included."""
+    if str(getattr(value, "name", value)).strip().upper() == "FIFO":
+        raise ConfigError(key, "FIFO compaction deletes the oldest SST files once the database "
+                          "outgrows its limit, which would drop keyed state; use LEVEL or UNIVERSAL")
+    return _choice("LEVEL", "UNIVERSAL")(key, value)
+
+
+def _open_files(key: str, value: Any) -> int:  # RocksDB would raise 1..19 to 20 silently
+    count = parse_int(key, value)
+    if count != -1 and count < 20:
+        raise ConfigError(key, f"must be -1 (no limit) or at least 20, got {value!r}")
+    return count
+
 
 OPTIONS: tuple[Option, ...] = (
     # --- backend and storage ------------------------------------------------------------------
@@ -266,6 +280,28 @@ OPTIONS: tuple[Option, ...] = (
         "the block cache rocksdict offers has no high-priority pool (index and filter blocks "
         "share the cache with data blocks, level-0 ones pinned)"), "(refused)",
            "Refused: rocksdict's block cache has no high-priority pool.", described=True),
+    # Flink's configurable options: applied over the profile, below the options factory, when set
+    Option("state.backend.rocksdb.compaction.style", _compaction_style, "(RocksDB's: LEVEL)",
+           "`LEVEL` or `UNIVERSAL`. `FIFO` is refused: it deletes the oldest state.",
+           described=True),
+    Option("state.backend.rocksdb.compaction.level.use-dynamic-size", parse_bool, "(RocksDB's: "
+           "false)", "Level sizes follow the last level's.", described=True),
+    Option("state.backend.rocksdb.compaction.level.target-file-size-base", _POS_SIZE,
+           "(RocksDB's: 64 mb)", "Target size of a level-1 SST file.", described=True),
+    Option("state.backend.rocksdb.compaction.level.max-size-level-base", _POS_SIZE,
+           "(RocksDB's: 256 mb)", "Size of level 1.", described=True),
+    Option("state.backend.rocksdb.writebuffer.size", at_least(parse_size, 64 * 1024),
+           "(RocksDB's: 64 mb)", "One memtable's size (at least 64 kb).", described=True),
+    Option("state.backend.rocksdb.writebuffer.count", at_least(parse_int, 2), "(RocksDB's: 2)",
+           "Memtables per column family (at least 2).", described=True),
+    Option("state.backend.rocksdb.writebuffer.number-to-merge", _POS_INT, "(RocksDB's: 1)",
+           "Memtables merged into one flush (below writebuffer.count).", described=True),
+    Option("state.backend.rocksdb.block.blocksize", _POS_SIZE, "(RocksDB's: 4 kb)",
+           "Uncompressed size of an SST data block.", described=True),
+    Option("state.backend.rocksdb.files.open", _open_files, "(RocksDB's: -1)",
+           "Open files per instance: -1 (no limit) or at least 20.", described=True),
+    Option("state.backend.rocksdb.thread.num", _POS_INT, "(RocksDB's: 2)",
+           "Background flush and compaction jobs.", described=True),
     # --- heap ---------------------------------------------------------------------------------------
     Option("state.backend.heap.incremental", parse_bool, "false",
            "Incremental (changelog) heap checkpoints."),
@@ -414,28 +450,3 @@ def validate(config: Mapping[str, Any], *, all_keys_are_statekit: bool = False,
                 raise ConfigError(prefix + key, str(exc).split(": ", 1)[-1]) from None
             raise
     return dict(config)
-
-
-def reference_markdown() -> str:
-    """The configuration reference (``docs/configuration.md``), generated from :data:`OPTIONS`."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "Every key statekit reads, generated from the code.",
-        "A key is given as written here (its Flink name; Flink 1.x and 2 aliases are accepted) in the",
-        "dict passed to `StreamExecutionEnvironment.get_execution_environment` or `env.configure`, on",
-        "Spark as `spark.statekit.<key>` (Spark conf, or the adapters' `conf=`), or as an environment",
-        "variable. Malformed values, and unknown keys in statekit's namespaces, raise",
-        "`statekit.errors.ConfigError` naming the key. A Spark adapter refuses the keys only the local",
-        "runner acts on (the checkpoint interval and its siblings, `state.checkpoints.num-retained`,",
-        "`restart-strategy.*`, `parallelism.default`, `AT_LEAST_ONCE`), naming the Spark setting that",
-        "does their job.",
-        "",
-        "| key | default | aliases | environment variable | meaning |",
-        "|---|---|---|---|---|",
-    ]
-    for option in OPTIONS:
-        aliases = ", ".join(f"`{a}`" for a in option.aliases) or ""
-        lines.append(f"| `{option.key}` | {option.default} | {aliases} | `{option.env_var}` | "
-                     f"{option.doc} |")
-    return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from statekit.config import reference_markdown
+from statekit.configdoc import reference_markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

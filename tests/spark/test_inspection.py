@@ -52,6 +52,8 @@ def test_foreach_batch_versions_by_batch(spark, tmp_path):
     # the CLI on the query's checkpointLocation: one row per batch, an export, verify
     table = cli("checkpoints", "list", checkpoint)
     assert "RunningCount" in table and "version" in table
+    assert "3 Spark batch(es) (6 partition version(s)) under" in table  # the header counts rows
+    assert "6 checkpoint(s) under" in cli("checkpoints", "list", checkpoint, "--partitions")
     cli("state", "export", checkpoint, "--state", "c", "--batch", "2", "--to",
         str(tmp_path / "c.parquet"))
     # nothing is written into the query's checkpointLocation (verify would count it)

@@ -23,7 +23,11 @@ from typing import Any
 from statekit.checkpoint.blobstore.base import check_key
 from statekit.checkpoint.handles import walk_handles
 from statekit.errors import CorruptCheckpointError
-from statekit.serde.keygroups import UPPER_BOUND_MAX_PARALLELISM, KeyGroupRange
+from statekit.serde.keygroups import (
+    UPPER_BOUND_MAX_PARALLELISM,
+    KeyGroupRange,
+    key_group_range_for_operator,
+)
 from statekit.serde.types import serializer_from_config
 from statekit.state.descriptors import state_name_problem
 
@@ -167,6 +171,12 @@ def recorded_key_groups(task: Any, path: str = "task handle") -> KeyGroupRange:
 OPERATOR_STATE = "operator_state"
 
 
+#: how a Spark partition's rows were routed to it, where not by Spark's hash of the key
+#: (``routing`` of a version's metadata): by the key group, each partition owning a range
+KEY_GROUP_ROUTING = "key-groups"
+ROUTINGS = (KEY_GROUP_ROUTING,)
+
+
 def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> dict[str, Any]:
     """``body`` after checking every field statekit reads (see the module docstring)."""
     body = mapping(body, where)
@@ -192,6 +202,9 @@ def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> d
             integer(body[key], f"{where}: {key}", 0)
     if body.get("attempt") is not None:
         text(body["attempt"], f"{where}: attempt")
+    if "routing" in body and body["routing"] not in ROUTINGS:
+        raise fail(f"{where}: routing", f"unknown routing {body['routing']!r} (this statekit "
+                                        f"knows {', '.join(ROUTINGS)})")
     if "source" in body:
         source = mapping(body["source"], f"{where}: source")
         if "offset" in source:
@@ -203,7 +216,7 @@ def check_metadata(body: Any, where: str, checkpoint_id: int | None = None) -> d
             integer(attempt[0], f"{where}: attempts[{n}]")
             text(attempt[1], f"{where}: attempts[{n}]")
     if "tasks" in body or body.get("layout") in _WITH_TASKS:
-        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp)
+        _check_tasks(body.get("tasks"), f"{where}: tasks", maxp, _owned(body, where, maxp))
     if OPERATOR_STATE in body:
         _check_operator_state(body, f"{where}: {OPERATOR_STATE}")
     return body
@@ -219,11 +232,26 @@ def _check_operator_state(body: dict[Any, Any], path: str) -> None:
             handle(mapping(entry, f"{path}[{n}]"), f"{path}[{n}]")
 
 
-def _check_tasks(value: Any, path: str, maxp: int | None) -> None:
+def _owned(body: dict[str, Any], where: str, maxp: int | None) -> KeyGroupRange | None:
+    """The key groups a Spark partition routed by key group owns (None: every group)."""
+    if body.get("routing") != KEY_GROUP_ROUTING:
+        return None
+    if maxp is None or not isinstance(body.get("num_partitions"), int) or "partition" not in body:
+        raise fail(where, "routed by key group without max_parallelism, num_partitions and "
+                          "partition")
+    count, partition = body["num_partitions"], body["partition"]
+    if not 0 <= partition < count <= maxp:
+        raise fail(where, f"partition {partition} of {count} cannot own key groups of {maxp}")
+    return key_group_range_for_operator(maxp, count, partition)
+
+
+def _check_tasks(value: Any, path: str, maxp: int | None,
+                 owned: KeyGroupRange | None = None) -> None:
     """Every task handle, their key-group ranges disjoint and together covering every key group
-    of their max parallelism: every writer's handles do (a job's tasks split the key groups, a
-    Spark partition and a savepoint hold them all), so a lost handle is an error, never a
-    restore into empty state.  The coverage rests on the handles alone, no optional field."""
+    of their max parallelism, or ``owned`` (a Spark partition routed by key group): every
+    writer's handles do (a job's tasks split the key groups, a Spark partition and a savepoint
+    hold them all), so a lost handle is an error, never a restore into empty state.  The
+    coverage rests on the handles alone, no optional field."""
     tasks = mapping(value, path)
     if not tasks:
         raise fail(path, "no task handles (a checkpoint always holds at least one)")
@@ -242,9 +270,11 @@ def _check_tasks(value: Any, path: str, maxp: int | None) -> None:
     if len(parallelisms) > 1:
         raise fail(path, f"the task handles disagree on max_parallelism ({sorted(parallelisms)})")
     if ranges and len(ranges) == len(tasks):
-        whole = maxp or parallelisms.pop()
+        whole = len(owned) if owned is not None else maxp or parallelisms.pop()
         covered = sum(len(r) for r, _ in ranges)
-        if covered != whole:
+        outside = owned is not None and (ranges[0][0].start != owned.start
+                                         or ranges[-1][0].end != owned.end)
+        if covered != whole or outside:
             raise fail(path, f"the task handles cover {covered} of the job's {whole} key groups "
                              "(a task's state is missing)")
 

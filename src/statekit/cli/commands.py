@@ -142,10 +142,22 @@ def list_(path: str, as_json: bool, partitions: bool, storage_options: dict[str,
         row[4] = max(filter(None, (row[4], when)), default=None)
         row[7], row[8] = (row[7] or 0) + (i.size or 0), (row[8] or 0) + (i.files or 0)
         row[9] += i.partitions or 0
-    output.table(f"{len(infos)} checkpoint(s) under {path}",
+    output.table(f"{_counted(infos, rows, partitions)} under {path}",
                  ["JOB", "ID", "KIND", "STATUS", "TIME (UTC)", "BACKEND", "MODE", "SIZE", "FILES",
                   "PARTS"],
                  [[*r[:7], output.human_bytes(r[7]), *r[8:]] for r in rows.values()])
+
+
+def _counted(infos: list[Any], rows: dict[tuple[Any, ...], list[Any]], partitions: bool) -> str:
+    """What the table's rows are: checkpoints and savepoints, and Spark batches (each a row for
+    all its partition versions, unless ``--partitions``)."""
+    versions = sum(1 for i in infos if i.operator is not None)
+    if partitions or not versions:
+        return f"{len(infos)} checkpoint(s)"
+    batches = len({(i.query, i.operator, i.batch) for i in infos if i.operator is not None})
+    others = len(rows) - batches
+    counted = f"{batches} Spark batch(es) ({versions} partition version(s))"
+    return f"{others} checkpoint(s), {counted}" if others else counted
 
 
 # --- checkpoints inspect -------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from statekit.checkpoint.layout import CheckpointStorageAccess
 from statekit.checkpoint.localstate import TaskLocalStateStore
 from statekit.checkpoint.metadata import decode_metadata, encode_metadata
 from statekit.checkpoint.savepoint import open_external
-from statekit.checkpoint.schema import OPERATOR_STATE
+from statekit.checkpoint.schema import KEY_GROUP_ROUTING, OPERATOR_STATE
 from statekit.config import default
 from statekit.errors import (
     CheckpointNotFoundError,
@@ -38,6 +38,7 @@ from statekit.errors import (
 )
 from statekit.runtime.localrecovery import partition_store, restore_preferring_local
 from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
+from statekit.serde.keygroups import key_group_range_for_operator as owned_range
 from statekit.serde.types import TypeSerializer
 
 log = logging.getLogger("statekit.partition")
@@ -149,11 +150,19 @@ class Scaling:
     a query (Spark pins it for its own stateful operators); ``owns`` keeps the keys this
     partition owns under this run's partitioning; ``initial`` yields the restore sources of
     another query's state, used when this operator has none yet (``execution.savepoint.path``).
+    ``key_groups``: rows are routed by key group and this partition owns these groups (its
+    backend holds only them, and a rescale reads only the old partitions that held them).
     """
 
     num_partitions: int | None = None
     owns: Callable[[Any], bool] | None = None
     initial: Callable[[], list[RestoreSource]] | None = None
+    key_groups: KeyGroupRange | None = None
+
+    @property
+    def routing(self) -> str | None:
+        """``routing`` of this partition's versions (None: Spark's hash of the key)."""
+        return None if self.key_groups is None else KEY_GROUP_ROUTING
 
 
 #: states that describe one query's own progress (applyInPandasWithState's applied markers),
@@ -266,7 +275,7 @@ class PartitionStore:
         def create() -> KeyedStateBackend:
             return self.backend_factory.create_keyed_state_backend(
                 key_serializer=self.key_serializer,
-                key_group_range=KeyGroupRange.all(self.max_parallelism),
+                key_group_range=self.scaling.key_groups or KeyGroupRange.all(self.max_parallelism),
                 max_parallelism=self.max_parallelism, operator_id=self.operator_id,
             )
 
@@ -284,7 +293,7 @@ class PartitionStore:
                 skip_states=skip)
             used = {id(r): r for r in [*(r for _, r in sources), *readers] if r is not None}
             self._restore_readers = list(used.values())
-            self.restore_info = {"from": base, "rescaled": owns is not None,
+            self.restore_info = {"from": base, "rescaled": not own,
                                  "sources": len(sources), "source": self.source,
                                  "seconds": round(time.perf_counter() - started, 4)}
             if own and len(sources) == 1:  # its own version, whole: the next one's base
@@ -303,11 +312,11 @@ class PartitionStore:
         if base is not None and (count is None or self._current(base, batch_id, count)):
             return base, None, None, frozenset()
         latest = None if count is None else self._latest_run(batch_id)
-        if latest is not None:  # the partition count changed: take the keys this one now owns
-            batch, previous = latest
+        if latest is not None:  # the partitioning changed: take the keys this one now owns
+            batch, previous, routing = latest
             log.info("partition %d of %d restores from %d partitions at batch %d",
                      self.partition, count, previous, batch)
-            return None, self._run_sources(batch, previous), self.scaling.owns, frozenset()
+            return None, self._run_sources(batch, previous, routing), self.scaling.owns, frozenset()
         if not self._starts_now(batch_id):  # the operator had state, this partition has none
             raise self.manifest.missing(batch_id, self.partition)
         if self.scaling.initial is not None:
@@ -323,8 +332,10 @@ class PartitionStore:
             self.manifest.load().get("first_batch", -1)) >= batch_id
 
     def _current(self, base: int, batch_id: int, count: int) -> bool:
-        """Whether version ``base`` belongs to the operator's latest run, at this partition count."""
-        if int(self.access.load(base).get("num_partitions", count)) != count:
+        """Whether version ``base`` belongs to the operator's latest run, at this partition count
+        and routing."""
+        meta = self.access.load(base)
+        if int(meta.get("num_partitions", count)) != count or meta.get("routing") != self.scaling.routing:
             return False
         if base == batch_id - 1:  # every partition commits every batch: the common case
             return True
@@ -334,20 +345,28 @@ class PartitionStore:
     def _sibling(self, partition: int) -> CheckpointStorageAccess:
         return self.storage.create_access(f"{self.query_id}/{self.operator_id}/p{partition:05d}")
 
-    def _latest_run(self, batch_id: int) -> tuple[int, int] | None:
-        """``(batch, partition count)`` of the newest version before ``batch_id`` of partition 0,
-        which every run writes; None when the operator has no state."""
+    def _latest_run(self, batch_id: int) -> tuple[int, int, str | None] | None:
+        """``(batch, partition count, routing)`` of the newest version before ``batch_id`` of
+        partition 0, which every run writes; None when the operator has no state."""
         first = self._sibling(0)
         newest = max((v for v in first.completed() if v < batch_id), default=None)
         if newest is None:
             return None
         meta = first.load(newest)
-        return int(meta.get("batch", newest)), int(meta.get("num_partitions", 1))
+        same_groups = int(meta.get("max_parallelism", self.max_parallelism)) == self.max_parallelism
+        return (int(meta.get("batch", newest)), int(meta.get("num_partitions", 1)),
+                meta.get("routing") if same_groups else None)  # other groups: read every one
 
-    def _run_sources(self, batch: int, count: int) -> list[RestoreSource]:
-        """Every partition's version ``batch`` of the run that wrote it (``count`` partitions)."""
+    def _run_sources(self, batch: int, count: int, routing: str | None) -> list[RestoreSource]:
+        """The versions ``batch`` of the run that wrote it (``count`` partitions) that may hold
+        keys of this partition: every one, or where both runs route by key group, those whose
+        key groups overlap this partition's."""
         sources: list[RestoreSource] = []
+        mine = self.scaling.key_groups
         for partition in range(count):
+            if mine is not None and routing == KEY_GROUP_ROUTING and not len(mine.intersection(
+                    owned_range(self.max_parallelism, count, partition))):
+                continue
             access = self._sibling(partition)
             try:
                 tasks = access.load(batch)["tasks"]
@@ -375,6 +394,7 @@ class PartitionStore:
         body = {
             "tasks": {"partition": handle}, "attempt": self.attempt, "batch": self.batch,
             "partition": self.partition, "num_partitions": self.scaling.num_partitions,
+            **({"routing": self.scaling.routing} if self.scaling.routing else {}),
             "query_id": self.query_id,
             "operator_id": self.operator_id, "max_parallelism": self.max_parallelism,
             "timestamp": int(time.time() * 1000), **(extra or {}),

@@ -2,7 +2,9 @@
 
 The batch is repartitioned by key and processed with ``mapInArrow``; each partition commits
 its state at the end of its iterator, before the batch's output goes to the user's sink.  The
-partition count may change between runs (state follows the keys).
+partition count may change between runs (state follows the keys).  Rows are routed by key group
+where the key's types allow (:mod:`statekit.spark.routing`), so that each partition holds a
+range of key groups and a rescale reads only the old partitions holding its range.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from statekit.spark.batch_time import BatchTimes
 from statekit.spark.clock import column_index, epoch_ms, refusal
 from statekit.spark.jobmanager import fsspec_url, query_checkpoint_root
 from statekit.spark.partitioning import key_types
+from statekit.spark.routing import ROUTE_COLUMN, owned_groups, routable, route
 from statekit.spark.session import statekit_workers
 from statekit.spark.task import QUERY_ID, AdapterSpec, PartitionTask, TaskInfo
 
@@ -82,10 +85,22 @@ def foreach_batch(function: Function, key: str | list[str], output_schema: Any,
         types = key_types(batch_df.schema, key_columns)
         batch_spec = dataclasses.replace(
             spec, timestamp_index=column_index(batch_df.columns, event_time_column))
+        routed = routable(types, partitions, spec.max_parallelism)
+        if routed:  # each partition gets a range of key groups, as a Flink subtask does
+            if ROUTE_COLUMN in batch_df.columns:
+                raise ConfigError("key", f"the batch has a column named {ROUTE_COLUMN}, which "
+                                         "foreach_batch uses itself")
+            # the routing column stays (last) and the partitions leave it out: dropping it here
+            # would let Spark skip the partitions of an empty batch, which then commit nothing
+            shuffled = batch_df.withColumn(
+                ROUTE_COLUMN, route(key_columns, types, partitions, spec.max_parallelism)
+            ).repartition(partitions, ROUTE_COLUMN)
+        else:  # Spark's hash of the key
+            shuffled = batch_df.repartition(partitions, *key_columns)
         with statekit_workers(spark, spec.worker_python):
-            out = batch_df.repartition(partitions, *key_columns).mapInArrow(
+            out = shuffled.mapInArrow(
                 functools.partial(_arrow_partition, batch_spec, batch_id, list(batch_df.columns),
-                                  schema, partitions, types, refuse,
+                                  schema, partitions, types, routed, refuse,
                                   (int(when["processing_time"]), int(when["watermark"]))), schema)
         # materialized once, so a sink reading it twice does not run the partitions twice; a
         # block lost with its executor is recomputed, which commits the same version again
@@ -109,14 +124,16 @@ _NO_EVENT_COLUMN = ("event-time timers need a watermark: pass event_time_column 
 
 
 def _arrow_partition(spec: AdapterSpec, batch_id: int, columns: list[str], schema: Any,
-                     partitions: int, types: list[str], refuse: Any, when: tuple[int, int],
-                     batches: Iterator[Any]) -> Iterator[Any]:
+                     partitions: int, types: list[str], routed: bool, refuse: Any,
+                     when: tuple[int, int], batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema)
     info = TaskInfo.current(batch_id)
-    task = PartitionTask(spec, info, spec.scaling(info.partition, partitions, types), refuse)
+    groups = owned_groups(info.partition, partitions, spec.max_parallelism) if routed else None
+    task = PartitionTask(spec, info, spec.scaling(info.partition, partitions, types, groups),
+                         refuse)
     task.set_time(*when)
     key_index = [columns.index(c) for c in spec.key_columns]
     out_names = spec.output_columns
@@ -140,6 +157,8 @@ def _arrow_partition(spec: AdapterSpec, batch_id: int, columns: list[str], schem
         for batch in batches:
             if batch.num_rows == 0:
                 continue
+            if routed:  # without the routing column
+                batch = pa.RecordBatch.from_arrays(batch.columns[:len(columns)], names=columns)
             if spec.vectorized:
                 out = task.process_frame(batch.to_pandas(),
                                          keys_of=functools.partial(_row_keys, batch, key_index))

@@ -24,7 +24,7 @@ from statekit.runtime.partition import (
     new_attempt_token,
 )
 from statekit.runtime.timers import Refusal
-from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM
+from statekit.serde.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 from statekit.serde.types import GenericSerializer
 from statekit.spark.clock import BatchClock, epoch_ms
 from statekit.spark.partitioning import SparkPartitioner
@@ -66,15 +66,20 @@ class AdapterSpec:
     worker_python: str | None = None
 
     def scaling(self, partition: int, partitions: int | None = None,
-                key_types: list[str] | None = None) -> Scaling:
-        """How ``partition`` relates to the others, for rescaling and starting from a savepoint."""
+                key_types: list[str] | None = None,
+                key_groups: KeyGroupRange | None = None) -> Scaling:
+        """How ``partition`` relates to the others, for rescaling and starting from a savepoint:
+        it owns ``key_groups`` where rows are routed by key group, else the keys Spark's hash
+        sends it."""
         count, types = partitions or self.partitions, key_types or self.key_types
-        owns = SparkPartitioner(types, count).owns(partition) if types and count else None
+        owns = None
+        if key_groups is None and types and count:
+            owns = SparkPartitioner(types, count).owns(partition)
         initial = None
         if self.savepoint_path:
             initial = functools.partial(external_sources, self.savepoint_path, self.operator_id,
                                         s3_options_from_config(self.conf))
-        return Scaling(count if self.rescalable else None, owns, initial)
+        return Scaling(count if self.rescalable else None, owns, initial, key_groups)
 
     @property
     def vectorized(self) -> bool:

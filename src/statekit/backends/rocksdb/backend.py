@@ -18,7 +18,7 @@ from rocksdict import Options, Rdict, WriteBatch
 from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.kvformat import KV_FORMATS
-from statekit.backends.rocksdb.checks import CheckedFamily, RestoreChecks
+from statekit.backends.rocksdb.checks import CheckedFamily, Compaction, RestoreChecks
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
 from statekit.backends.rocksdb.encoding import key_bytes
 from statekit.backends.rocksdb.heap_timers import HeapTimers
@@ -78,6 +78,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         #: check restored linked files in the background (:mod:`~.checks`), not before opening
         self.lazy_restore = lazy_restore
         self._checks: RestoreChecks | None = None
+        self._compaction: Compaction | None = None
         self._damage: Exception | None = None
         self._wo = write_options()
         self.db: Any = None
@@ -334,6 +335,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if checks:
             self._checks = RestoreChecks(checks, self._damaged, self._checked)
 
+    def compact_later(self, ranges: list[tuple[Any, bytes, bytes]]) -> None:
+        """Compact a rescaling restore's foreign ranges on a thread, after the file checks; the
+        next snapshot waits for it."""
+        if ranges:
+            self._compaction = Compaction(ranges, self._checks)
+
     def _damaged(self, error: Exception) -> None:
         self._damage = error
         self.poison(str(error), CorruptCheckpointError)
@@ -358,8 +365,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def dispose(self) -> None:
         if self.disposed:
             return
+        compaction, self._compaction = self._compaction, None
+        if compaction is not None:
+            compaction.cancel()
         if self._checks is not None:
             self._checks.stop()
+        if compaction is not None:
+            compaction.stop()
         if self.db is not None and not isinstance(self.db, Unusable):
             self.poison("the RocksDB state backend was disposed")
             db, self.db = self.db, None
@@ -387,6 +399,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def snapshot(self, checkpoint_id: int, streams: CheckpointStreams, *,
                  savepoint: bool = False) -> SnapshotRun:
         """A native checkpoint now (hard links); the run uploads it, or writes a savepoint."""
+        if self._compaction is not None:  # a rescale's foreign files: gone before the checkpoint
+            self._compaction.wait()
         return RocksDBSnapshotStrategy(self).snapshot(checkpoint_id, streams, savepoint)
 
     def track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:

@@ -11,8 +11,9 @@ too, so no checkpoint is taken of unchecked files.  A file that fails makes ever
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from statekit.checkpoint.reader import FileCheck
@@ -67,6 +68,50 @@ class RestoreChecks:
 
     def stop(self) -> None:
         """End the thread early (the backend is disposed)."""
+        self._stop.set()
+        self._thread.join()
+
+
+class Compaction:
+    """A thread compacting ``(column family, begin, end)`` ranges once ``checks`` (if any) passed:
+    a rescaling restore's foreign key groups, deleted with ``delete_range``, whose files would
+    otherwise stay in every checkpoint (Flink's compaction after a rescaling restore, which it
+    also runs in the background).  RocksDB releases the GIL while it compacts; a compaction never
+    removes a file the checks still read, as they run first."""
+
+    def __init__(self, ranges: Sequence[tuple[Any, bytes, bytes]],
+                 checks: RestoreChecks | None) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(list(ranges), checks),
+                                        daemon=True, name="statekit-rocksdb-rescale-compaction")
+        self._thread.start()
+
+    def _run(self, ranges: list[tuple[Any, bytes, bytes]], checks: RestoreChecks | None) -> None:
+        if checks is not None:
+            checks._thread.join()
+            if checks.error is not None:  # the state is unusable: nothing to tidy
+                return
+        for cf, begin, end in ranges:
+            if self._stop.is_set():
+                return
+            try:
+                cf.compact_range(begin, end)
+            except Exception:  # the state stays exact, its checkpoints only larger
+                logging.getLogger("statekit.rocksdb").warning(
+                    "compacting a rescaled RocksDB database's foreign key groups failed",
+                    exc_info=True)
+                return
+
+    def wait(self) -> None:
+        """Until the compaction is done."""
+        self._thread.join()
+
+    def cancel(self) -> None:
+        """Skip the ranges not started yet."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Skip what has not started and wait for what has (the backend is disposed)."""
         self._stop.set()
         self._thread.join()
 

@@ -28,9 +28,11 @@ from statekit.backends.rocksdb.memory import (
     shared_memory,
 )
 from statekit.backends.rocksdb.options import (
+    TUNING_KEYS,
     OptionsFactory,
     PredefinedOptions,
     build_options,
+    check_tuning,
     resolve_options_factory,
 )
 from statekit.checkpoint.base import CheckpointStorage
@@ -126,6 +128,8 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         self._managed: bool | None = None
         self._fixed_memory: int | None = None
         self._write_buffer_ratio: float | None = None
+        #: Flink's configurable options set by configuration (full key -> parsed value)
+        self._tuning: dict[str, Any] = {}
 
     # --- PyFlink getters and setters ------------------------------------------------------------
 
@@ -155,7 +159,9 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         """Select a pre-tuned option profile (see :class:`PredefinedOptions`)."""
         if options is None:
             raise ConfigError("state.backend.rocksdb.predefined-options", "must not be None")
-        self._predefined = PredefinedOptions.parse(options)
+        predefined = PredefinedOptions.parse(options)
+        check_tuning(self._tuning, predefined)
+        self._predefined = predefined
 
     def get_predefined_options(self) -> PredefinedOptions:
         """The option profile in use (``PredefinedOptions.DEFAULT`` unless set)."""
@@ -241,7 +247,15 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         """A copy with flat configuration keys applied; settings made in code take precedence."""
         new = copy.copy(self)
         apply_settings(_SETTINGS, self, new, config)
+        new._tuning = {**self._tuning, **{key: BY_KEY[key].parse(key, config[key])
+                                          for key in TUNING_KEYS if config.get(key) is not None}}
+        check_tuning(new._tuning, new.get_predefined_options())
         return new
+
+    def get_configurable_options(self) -> dict[str, Any]:
+        """Flink's configurable RocksDB options set through configuration (``state.backend.
+        rocksdb.compaction.style`` and its siblings), applied over the predefined options."""
+        return dict(self._tuning)
 
     # --- keyed backends ---------------------------------------------------------------------------
 
@@ -249,9 +263,10 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         predefined = self.get_predefined_options()
         factory = resolve_options_factory(self._options_factory)
         memory = shared_memory(self.get_memory_configuration())
+        tuning = dict(self._tuning)
 
         def build() -> Options:
-            return build_options(predefined, factory, memory)
+            return build_options(predefined, factory, memory, tuning)
 
         return build
 

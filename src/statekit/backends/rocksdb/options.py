@@ -1,8 +1,9 @@
 """RocksDB options for the embedded backend: PyFlink's ``PredefinedOptions`` and options factories.
 
-A profile sets what Flink's ``PredefinedOptions.java`` documents; an options factory (a callable,
-or the dotted name of one) then adjusts the rocksdict ``Options`` on top, as Flink's
-``RocksDBOptionsFactory`` does, and the process's memory budget (:mod:`.memory`) comes last.
+A profile sets what Flink's ``PredefinedOptions.java`` documents; Flink's configurable options
+(``state.backend.rocksdb.compaction.style`` and its siblings, only those set) come next; an options
+factory (a callable, or the dotted name of one) then adjusts the rocksdict ``Options`` on top, as
+Flink's ``RocksDBOptionsFactory`` does, and the process's memory budget (:mod:`.memory`) comes last.
 The same options are used for the database and every column family, on every open, so a
 reopened database never falls back to rocksdict's defaults.
 """
@@ -10,7 +11,7 @@ reopened database never falls back to rocksdict's defaults.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import IntEnum
 from typing import Any
 
@@ -95,12 +96,71 @@ def _common(opts: Options) -> None:
     opts.set_keep_log_file_num(2)
 
 
+#: Flink's configurable RocksDB options statekit applies (``state.backend.rocksdb.`` + name)
+TUNING_PREFIX = "state.backend.rocksdb."
+TUNING_KEYS = tuple(TUNING_PREFIX + name for name in (
+    "compaction.style", "compaction.level.use-dynamic-size",
+    "compaction.level.target-file-size-base", "compaction.level.max-size-level-base",
+    "writebuffer.size", "writebuffer.count", "writebuffer.number-to-merge", "block.blocksize",
+    "files.open", "thread.num"))
+#: memtables per column family where neither the profile nor the configuration sets them
+_DEFAULT_WRITE_BUFFERS = 2
+
+
+def check_tuning(tuning: Mapping[str, Any], predefined: PredefinedOptions) -> None:
+    """ConfigError for settings RocksDB would ignore or change silently: a level compaction
+    setting with UNIVERSAL compaction, a flush merging as many memtables as a column family may
+    hold (it caps ``number-to-merge`` at ``count - 1``)."""
+    if tuning.get(TUNING_PREFIX + "compaction.style") == "UNIVERSAL":
+        for key in tuning:
+            if key.startswith(TUNING_PREFIX + "compaction.level."):
+                raise ConfigError(key, "applies to LEVEL compaction only, and "
+                                  "state.backend.rocksdb.compaction.style is UNIVERSAL")
+    merge = tuning.get(TUNING_PREFIX + "writebuffer.number-to-merge")
+    count = tuning.get(TUNING_PREFIX + "writebuffer.count") or (
+        4 if predefined is PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM
+        else _DEFAULT_WRITE_BUFFERS)
+    if merge is not None and merge >= count:
+        raise ConfigError(TUNING_PREFIX + "writebuffer.number-to-merge",
+                          f"must be below writebuffer.count ({count}), got {merge}")
+
+
+def _apply_tuning(opts: Options, table: BlockBasedOptions, tuning: Mapping[str, Any]) -> None:
+    """Flink's configurable options that were set, over the profile (unset ones leave it)."""
+    for key, value in tuning.items():
+        name = key[len(TUNING_PREFIX):]
+        if name == "compaction.style":
+            opts.set_compaction_style(DBCompactionStyle.universal() if value == "UNIVERSAL"
+                                      else DBCompactionStyle.level())
+        elif name == "block.blocksize":
+            table.set_block_size(value)
+            opts.set_block_based_table_factory(table)
+        elif name == "thread.num":
+            opts.increase_parallelism(value)
+            opts.set_max_background_jobs(value)
+        else:
+            _SETTERS[name](opts, value)
+
+
+_SETTERS: dict[str, Callable[[Options, Any], None]] = {
+    "compaction.level.use-dynamic-size": Options.set_level_compaction_dynamic_level_bytes,
+    "compaction.level.target-file-size-base": Options.set_target_file_size_base,
+    "compaction.level.max-size-level-base": Options.set_max_bytes_for_level_base,
+    "writebuffer.size": Options.set_write_buffer_size,
+    "writebuffer.count": Options.set_max_write_buffer_number,
+    "writebuffer.number-to-merge": Options.set_min_write_buffer_number_to_merge,
+    "files.open": Options.set_max_open_files,
+}
+
+
 def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
                   factory: OptionsFactory | str | None = None,
-                  memory: SharedMemory | None = None) -> Options:
-    """Raw-mode ``Options`` for ``predefined`` with the options factory applied on top, and then
-    (Flink's precedence) the process's shared memory budget, when ``memory`` is given: it
-    replaces the block cache and write-buffer limits of the profile and the factory."""
+                  memory: SharedMemory | None = None,
+                  tuning: Mapping[str, Any] | None = None) -> Options:
+    """Raw-mode ``Options`` for ``predefined``, then Flink's configurable options in ``tuning``
+    (full keys, parsed), then the options factory on top, and then (Flink's precedence) the
+    process's shared memory budget, when ``memory`` is given: it replaces the block cache and
+    write-buffer limits of the profile and the factory."""
     opts = Options(raw_mode=True)
     table = BlockBasedOptions()
     _common(opts)
@@ -129,6 +189,8 @@ def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
         opts.increase_parallelism(4)
         opts.set_max_background_jobs(4)
         opts.set_max_open_files(-1)
+    if tuning:
+        _apply_tuning(opts, table, tuning)
     fn = resolve_options_factory(factory)
     if fn is not None:
         replaced = fn(opts)

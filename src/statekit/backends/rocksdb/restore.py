@@ -56,6 +56,10 @@ class RestoreOwner(DatabaseOwner, Protocol):
         """Record a restored state's layout and kind."""
         ...
 
+    def compact_later(self, ranges: list[tuple[Any, bytes, bytes]]) -> None:
+        """Compact these ``(column family, begin, end)`` ranges in the background."""
+        ...
+
     def poison(self, why: str) -> None:
         """Make every state and timer queue raise (the database is gone)."""
         ...
@@ -214,11 +218,20 @@ class RocksDBRestoreOperation:
             if deferred:  # from here on, scans wait for the check (restore.py's own too)
                 backend.check_later(deferred)
             lo, hi = backend.kg_prefixes[mine.start], kg_after(mine.end, backend.kg_prefixes)
+            theirs = KeyGroupRange.of(base["key_group_range"])
+            foreign: list[tuple[Any, bytes, bytes]] = []
             for name in column_families(base["states"]):
                 cf = backend.cf(name)
                 if mine.start > 0:
                     cf.delete_range(b"", lo)
                 cf.delete_range(hi, KG_END)
+                if theirs.start < mine.start:
+                    foreign.append((cf, b"", lo))
+                if theirs.end > mine.end:
+                    foreign.append((cf, hi, KG_END))
+            # a rescale: the foreign key groups' files go in the background, or every
+            # checkpoint of this state would carry them
+            backend.compact_later(foreign)
             self._note_states(base)
             for _, handle, reader in native[1:]:
                 self._copy_from(handle, reader)
