@@ -149,8 +149,7 @@ def _compaction_style(key: str, value: Any) -> str:
 
 
 def _open_files(key: str, value: Any) -> int:  # RocksDB would raise 1..19 to 20 silently
-    count = parse_int(key, value)
-    if count != -1 and count < 20:
+    if (count := parse_int(key, value)) != -1 and count < 20:
         raise ConfigError(key, f"must be -1 (no limit) or at least 20, got {value!r}")
     return count
 
@@ -282,10 +281,9 @@ OPTIONS: tuple[Option, ...] = (
            "Refused: rocksdict's block cache has no high-priority pool.", described=True),
     # Flink's configurable options: applied over the profile, below the options factory, when set
     Option("state.backend.rocksdb.compaction.style", _compaction_style, "(RocksDB's: LEVEL)",
-           "`LEVEL` or `UNIVERSAL`. `FIFO` is refused: it deletes the oldest state.",
-           described=True),
+           "`LEVEL` or `UNIVERSAL`; `FIFO` is refused (it deletes state).", described=True),
     Option("state.backend.rocksdb.compaction.level.use-dynamic-size", parse_bool, "(RocksDB's: "
-           "false)", "Level sizes follow the last level's.", described=True),
+           "true)", "Level sizes follow the last level's.", described=True),
     Option("state.backend.rocksdb.compaction.level.target-file-size-base", _POS_SIZE,
            "(RocksDB's: 64 mb)", "Target size of a level-1 SST file.", described=True),
     Option("state.backend.rocksdb.compaction.level.max-size-level-base", _POS_SIZE,
@@ -296,8 +294,12 @@ OPTIONS: tuple[Option, ...] = (
            "Memtables per column family (at least 2).", described=True),
     Option("state.backend.rocksdb.writebuffer.number-to-merge", _POS_INT, "(RocksDB's: 1)",
            "Memtables merged into one flush (below writebuffer.count).", described=True),
-    Option("state.backend.rocksdb.block.blocksize", _POS_SIZE, "(RocksDB's: 4 kb)",
-           "Uncompressed size of an SST data block.", described=True),
+    Option("state.backend.rocksdb.block.blocksize", at_least(parse_size, 1, 2**32 - 1),
+           "(RocksDB's: 4 kb)", "Uncompressed size of an SST data block (below 4 gb).",
+           described=True),
+    Option("state.backend.rocksdb.block.cache-size", _refused(
+        "the memory budget (state.backend.rocksdb.memory.*) sets the block cache, one per "
+        "process"), "(refused)", "Refused: the memory budget sets the block cache.", described=True),
     Option("state.backend.rocksdb.files.open", _open_files, "(RocksDB's: -1)",
            "Open files per instance: -1 (no limit) or at least 20.", described=True),
     Option("state.backend.rocksdb.thread.num", _POS_INT, "(RocksDB's: 2)",

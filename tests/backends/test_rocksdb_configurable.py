@@ -182,3 +182,30 @@ def test_a_checkpoint_restores_across_a_compaction_style_switch(tmp_path, increm
         _check(kb, expected)
     finally:
         kb.dispose()
+
+
+def test_keys_set_before_the_backend_apply_to_it_and_code_wins(tmp_path):
+    """Flink configures the application's backend with the job's keys, whenever they came."""
+    from statekit import StreamExecutionEnvironment
+
+    env = StreamExecutionEnvironment.get_execution_environment(
+        {P + "thread.num": 3, P + "localdir": str(tmp_path / "keys")})
+    backend = EmbeddedRocksDBStateBackend()
+    backend.set_db_storage_paths(str(tmp_path / "code"))
+    env.set_state_backend(backend)
+    configured = env.get_state_backend()
+    assert configured.get_configurable_options() == {P + "thread.num": 3}
+    assert configured.working_roots() == [str(tmp_path / "code")]  # set in code: it wins
+    assert backend.get_configurable_options() == {}  # the object passed in is left as it was
+
+
+def test_block_size_rocksdb_cannot_take_is_refused_and_not_taken_for_a_lock():
+    with pytest.raises(ConfigError, match="between 1 and"):
+        rocks().configure({P + "block.blocksize": "4 gb"})
+    backend = rocks().configure({P + "block.blocksize": "16 kb"})
+    assert backend.get_configurable_options()[P + "block.blocksize"] == 16384
+
+
+def test_the_cache_size_key_says_why_it_is_not_taken():
+    with pytest.raises(ConfigError, match="memory budget"):
+        validate({P + "block.cache-size": "64 mb"})

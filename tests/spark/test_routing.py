@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.layout import CheckpointStorageAccess
+from statekit.inspection import open_checkpoint
 from statekit.serde.keygroups import key_group_for_bytes, operator_index_for_key_group
 from statekit.serde.keys import KeySerializer
 from statekit.serde.types import GenericSerializer
@@ -41,7 +42,8 @@ def _check(df, columns, types, key_of, maxp=128):
         assert row["kg"] == key_group_for_bytes(expected_bytes, maxp), key
 
 
-@pytest.mark.parametrize("kind", ["tinyint", "smallint", "int", "bigint"])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.heavy)
+                                  for k in ("tinyint", "smallint", "int")] + ["bigint"])
 def test_integer_keys_match_statekit_bytes_and_groups(spark, kind):
     bits = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}[kind]
     values = [v for v in INTS if -(2 ** (bits - 1)) <= v < 2 ** (bits - 1)] + [None]
@@ -72,7 +74,7 @@ def test_several_key_columns_are_a_tuple(spark):
            lambda r: (r["a"], r["f"], None if r["b"] is None else bytes(r["b"])))
 
 
-@pytest.mark.parametrize("partitions", [1, 3, 8, 128])
+@pytest.mark.parametrize("partitions", [1, 3, pytest.param(8, marks=pytest.mark.heavy), 128])
 def test_each_row_lands_in_the_partition_owning_its_key_group(spark, partitions):
     df = spark.createDataFrame([(f"user-{i}", i) for i in range(2000)], "u string, n int")
     placed = (df.withColumn("r", route(["u"], ["string"], partitions, 128))
@@ -100,7 +102,7 @@ def _versions(checkpoint):
     return out
 
 
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["hashmap", pytest.param("rocksdb", marks=pytest.mark.heavy)])
 def test_a_rescale_reads_only_the_old_partitions_holding_its_key_groups(spark, tmp_path, backend):
     inputs, checkpoint, sink = str(tmp_path / "in"), str(tmp_path / "q"), Outputs()
     frames = [write_inputs(inputs, 0, 2)]
@@ -116,8 +118,15 @@ def test_a_rescale_reads_only_the_old_partitions_holding_its_key_groups(spark, t
     restores = [meta["restore"] for meta in versions if meta.get("restore", {}).get("rescaled")]
     # 4 -> 8: each new partition reads one old partition; 8 -> 3: the 3 or 4 overlapping ones
     assert sorted(r["sources"] for r in restores) == [1] * 8 + [3, 3, 4]
+    # the inspection tools read the run that wrote the batch, not the 8-partition run's leftovers
+    view = open_checkpoint(checkpoint)
+    assert len(view.partitions) == 3
+    counts = view.state("c").to_pandas()
+    assert dict(zip(counts["key"], counts["value"], strict=True)) == {
+        k: c for k, (c, _) in expected(pd.concat(frames)).items()}
 
 
+@pytest.mark.heavy
 def test_a_query_moves_between_hash_and_key_group_routing_with_its_state_exact(spark, tmp_path):
     """More partitions than key groups route by Spark's hash (every partition holds keys of
     every group); at most as many, by key group; each change is a rescale, both ways."""

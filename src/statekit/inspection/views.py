@@ -196,8 +196,9 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
                 f"{path} holds the state of {len(queries)} queries; open one of: "
                 + ", ".join(catalog._join(path, posixpath.dirname(job.operator or ""))
                             for job in {j.spark_names()[0]: j for j in spark}.values()))
-        picked = [(job, cid) for job in spark
-                  if (cid := _version(listing, job, batch, include_tentative)) is not None]
+        picked = _same_run(listing, [
+            (job, cid) for job in spark
+            if (cid := _version(listing, job, batch, include_tentative)) is not None])
         if not picked:
             raise CheckpointNotFoundError(f"no version at or before batch {batch} under {path}")
         view = _view_of(listing, picked, "version")
@@ -260,6 +261,19 @@ def _version(listing: catalog.Listing, job: catalog.JobDir, batch: int | None,
         if include_tentative or catalog.valid_snapshot(job, body):
             return cid
     return None
+
+
+def _same_run(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]]
+              ) -> list[tuple[catalog.JobDir, int]]:
+    """The partitions of the run that wrote the batch: after a ``foreach_batch`` query's
+    partition count fell, the partitions it no longer has keep their older versions (the
+    count is partition 0's, which every run writes)."""
+    counts: dict[Any, Any] = {}
+    for job, cid in picked:
+        if job.partition == 0:
+            counts[job.spark_names()] = listing.access(job).load(cid).get("num_partitions")
+    return [(job, cid) for job, cid in picked
+            if not isinstance(n := counts.get(job.spark_names()), int) or job.partition < n]
 
 
 def _tasks(body: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:

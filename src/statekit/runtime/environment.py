@@ -128,7 +128,9 @@ class StreamExecutionEnvironment:
         if not isinstance(state_backend, StateBackend):
             raise ConfigError("state.backend.type",
                               f"expected a StateBackend, got {type(state_backend).__name__}")
-        self._backend = state_backend
+        # the keys configured so far apply to it too, settings made in code winning (Flink
+        # configures the application's backend with the job's configuration)
+        self._backend = state_backend.configure(dict(self._config)) if self._config else state_backend
         return self
 
     def get_state_backend(self) -> StateBackend | None:

@@ -73,7 +73,7 @@ def open_db(path: str | os.PathLike[str], options_factory: Callable[[], Options]
         return Rdict(path, options, column_families=cfs or None, access_type=access)
     except Exception as exc:
         text = str(exc)
-        if "lock" in text.lower():
+        if "while lock file" in text.lower() or "/LOCK" in text:  # not "block size ..."
             raise BackendLockedError(
                 f"RocksDB database {path} is already open in another process or handle "
                 f"(RocksDB allows one process per database): {text}"
