@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.growth_driver import BATCH, _checkpoint, _desc, _values
+from benchmarks.growth_driver import BATCH, _checkpoint, _values, load
 
 VALUE_BYTES = 1024
 READS = 20_000
@@ -53,17 +53,9 @@ def _tree_bytes(path: Path) -> int:
 
 
 def run(style: str, keys: int, rounds: int, root: Path) -> dict[str, Any]:
-    from statekit import FileSystemCheckpointStorage
-    from statekit.backends.bulk import BulkState
-
     backend = _backend(style, root / "work")
-    access = FileSystemCheckpointStorage(str(root / "checkpoints")).create_access("job")
-    bulk, desc = BulkState(backend), _desc()
-    t0 = time.perf_counter()
-    for start in range(0, keys, BATCH):
-        count = min(BATCH, keys - start)
-        bulk.put(desc, range(start, start + count), _values(start, count, VALUE_BYTES, 0))
-    out: dict[str, Any] = {"style": style, "keys": keys, "build_s": round(time.perf_counter() - t0, 2)}
+    access, bulk, desc, seconds = load(backend, root, keys, VALUE_BYTES)
+    out: dict[str, Any] = {"style": style, "keys": keys, "build_s": round(seconds, 2)}
     full = _checkpoint(backend, access, 1)
     out["full"] = full
     out["build_settle_s"] = round(settle(backend.db), 2)

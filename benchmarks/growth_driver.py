@@ -69,18 +69,25 @@ def _checkpoint(backend: Any, access: Any, cid: int) -> dict[str, Any]:
             "write_mb_s": round(streams.bytes_written / seconds / 1e6, 1)}
 
 
-def build(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any]:
+def load(backend: Any, root: Path, keys: int, value_bytes: int) -> tuple[Any, Any, Any, float]:
+    """Checkpoint storage under ``root`` and ``keys`` values written to ``backend``: the access,
+    the bulk state, its descriptor and the seconds the writes took."""
     from statekit import FileSystemCheckpointStorage
     from statekit.backends.bulk import BulkState
 
-    backend = _backend(kind, root / "work")
     access = FileSystemCheckpointStorage(str(root / "checkpoints")).create_access("job")
     bulk, desc = BulkState(backend), _desc()
     t0 = time.perf_counter()
     for start in range(0, keys, BATCH):
         count = min(BATCH, keys - start)
         bulk.put(desc, range(start, start + count), _values(start, count, value_bytes, 0))
-    out: dict[str, Any] = {"build_s": round(time.perf_counter() - t0, 2)}
+    return access, bulk, desc, time.perf_counter() - t0
+
+
+def build(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any]:
+    backend = _backend(kind, root / "work")
+    access, bulk, desc, seconds = load(backend, root, keys, value_bytes)
+    out: dict[str, Any] = {"build_s": round(seconds, 2)}
     out["full"] = _checkpoint(backend, access, 1)
     changed = list(range(0, keys, 100))  # 1 % of the keys
     for start in range(0, len(changed), BATCH):

@@ -18,18 +18,24 @@ def _sst_bytes(handle):
     return sum(h["size"] for h in handle["sst"].values())
 
 
-def test_a_rescaled_database_checkpoints_only_its_own_key_groups(tmp_path):
+def _checkpointed(tmp_path, keys):
+    """A RocksDB backend factory, checkpoint storage and a checkpoint of ``keys`` values."""
     access = storage_access(tmp_path)
     backend = rocks()
     kb = keyed(backend)
     try:
         state = kb.get_partitioned_state(TEXT)
-        for i in range(20_000):
+        for i in range(keys):
             kb.set_current_key(f"key-{i}")
             state.update(f"{i}-" + "x" * 300)
         whole, _ = checkpoint(kb, access, 1)
     finally:
         kb.dispose()
+    return backend, access, whole
+
+
+def test_a_rescaled_database_checkpoints_only_its_own_key_groups(tmp_path):
+    backend, access, whole = _checkpointed(tmp_path, 20_000)
     halves = []
     for cid, rng in enumerate([KeyGroupRange(0, 63), KeyGroupRange(64, 127)], start=2):
         part = keyed(backend, rng)
@@ -52,17 +58,7 @@ def test_a_rescaled_database_checkpoints_only_its_own_key_groups(tmp_path):
 
 
 def test_disposing_during_the_compaction_ends_its_thread(tmp_path):
-    access = storage_access(tmp_path)
-    backend = rocks()
-    kb = keyed(backend)
-    try:
-        state = kb.get_partitioned_state(TEXT)
-        for i in range(5_000):
-            kb.set_current_key(f"key-{i}")
-            state.update("x" * 500)
-        whole, _ = checkpoint(kb, access, 1)
-    finally:
-        kb.dispose()
+    backend, access, whole = _checkpointed(tmp_path, 5_000)
     before = {t.name for t in threading.enumerate()}
     part = keyed(backend, KeyGroupRange(0, 31))
     part.restore([whole], access.reader())
