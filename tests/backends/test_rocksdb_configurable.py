@@ -88,7 +88,7 @@ def test_configurable_options_sit_between_the_profile_and_the_options_factory():
         factored.dispose()
 
 
-def test_the_configuration_and_the_environment_reach_the_backend(monkeypatch):
+def test_the_configuration_reaches_the_backend_through_the_registry():
     backend = backend_registry.create("rocksdb", {P + "compaction.style": "universal"},
                                       EmbeddedRocksDBStateBackend)
     assert backend.get_configurable_options() == {P + "compaction.style": "UNIVERSAL"}

@@ -75,15 +75,23 @@ def _int(col: Any) -> Any:
         .when(x >= -(2**31), tail(4, "D2")).otherwise(tail(8, "D3")))
 
 
+def _length_header(n: Any, codes: tuple[str, str, str], suffix: str = "") -> Any:
+    """msgpack's header (hex) for a length ``n``: its 8-, 16- or 32-bit form, ``suffix`` after
+    the length (an extension's type)."""
+    from pyspark.sql import functions as F
+
+    return (F.when(n < 256, F.concat(F.lit(codes[0]), _hex(n, 1), F.lit(suffix)))
+            .when(n < 65536, F.concat(F.lit(codes[1]), _hex(n, 2), F.lit(suffix)))
+            .otherwise(F.concat(F.lit(codes[2]), _hex(n, 4), F.lit(suffix))))
+
+
 def _sized(data: Any, small: int | None, codes: tuple[str, str, str]) -> Any:
     """``data`` (binary) behind msgpack's header for its length: a fix code below ``small``
     (a string's), else the 8-, 16- or 32-bit length forms."""
     from pyspark.sql import functions as F
 
     n = F.octet_length(data)
-    header = (F.when(n < 256, F.concat(F.lit(codes[0]), _hex(n, 1)))
-              .when(n < 65536, F.concat(F.lit(codes[1]), _hex(n, 2)))
-              .otherwise(F.concat(F.lit(codes[2]), _hex(n, 4))))
+    header = _length_header(n, codes)
     if small is not None:
         header = F.when(n < small, _hex(n + 0xA0, 1)).otherwise(header)
     return F.concat(F.unhex(header), data)
@@ -111,11 +119,8 @@ def _tuple(items: list[Any]) -> Any:
     payload = F.concat(F.unhex(F.lit(f"{0x90 + len(items):02X}")), *items)
     n = F.octet_length(payload)
     ext = f"{_EXT_TUPLE:02X}"
-    fixed = {1: "D4", 2: "D5", 4: "D6", 8: "D7", 16: "D8"}
-    header = (F.when(n < 256, F.concat(F.lit("C7"), _hex(n, 1), F.lit(ext)))
-              .when(n < 65536, F.concat(F.lit("C8"), _hex(n, 2), F.lit(ext)))
-              .otherwise(F.concat(F.lit("C9"), _hex(n, 4), F.lit(ext))))
-    for size, code in fixed.items():
+    header = _length_header(n, ("C7", "C8", "C9"), ext)
+    for size, code in {1: "D4", 2: "D5", 4: "D6", 8: "D7", 16: "D8"}.items():
         header = F.when(n == size, F.lit(code + ext)).otherwise(header)
     return F.concat(F.unhex(header), payload)
 

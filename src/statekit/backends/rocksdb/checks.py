@@ -66,6 +66,11 @@ class RestoreChecks:
         if self.error is not None:
             raise self.error
 
+    def passed(self) -> bool:
+        """Until every file is checked; whether all passed."""
+        self._thread.join()
+        return self.error is None
+
     def stop(self) -> None:
         """End the thread early (the backend is disposed)."""
         self._stop.set()
@@ -87,10 +92,8 @@ class Compaction:
         self._thread.start()
 
     def _run(self, ranges: list[tuple[Any, bytes, bytes]], checks: RestoreChecks | None) -> None:
-        if checks is not None:
-            checks._thread.join()
-            if checks.error is not None:  # the state is unusable: nothing to tidy
-                return
+        if checks is not None and not checks.passed():  # the state is unusable: nothing to tidy
+            return
         for cf, begin, end in ranges:
             if self._stop.is_set():
                 return

@@ -103,8 +103,9 @@ TUNING_KEYS = tuple(TUNING_PREFIX + name for name in (
     "compaction.level.target-file-size-base", "compaction.level.max-size-level-base",
     "writebuffer.size", "writebuffer.count", "writebuffer.number-to-merge", "block.blocksize",
     "files.open", "thread.num"))
-#: memtables per column family where neither the profile nor the configuration sets them
-_DEFAULT_WRITE_BUFFERS = 2
+#: memtables per column family where neither the profile nor the configuration sets them, and
+#: where SPINNING_DISK_OPTIMIZED_HIGH_MEM does
+_DEFAULT_WRITE_BUFFERS, _HIGH_MEM_WRITE_BUFFERS = 2, 4
 
 
 def check_tuning(tuning: Mapping[str, Any], predefined: PredefinedOptions) -> None:
@@ -118,7 +119,7 @@ def check_tuning(tuning: Mapping[str, Any], predefined: PredefinedOptions) -> No
                                   "state.backend.rocksdb.compaction.style is UNIVERSAL")
     merge = tuning.get(TUNING_PREFIX + "writebuffer.number-to-merge")
     count = tuning.get(TUNING_PREFIX + "writebuffer.count") or (
-        4 if predefined is PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM
+        _HIGH_MEM_WRITE_BUFFERS if predefined is PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM
         else _DEFAULT_WRITE_BUFFERS)
     if merge is not None and merge >= count:
         raise ConfigError(TUNING_PREFIX + "writebuffer.number-to-merge",
@@ -179,7 +180,7 @@ def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
         opts.increase_parallelism(4)
         opts.set_max_background_jobs(4)
         opts.set_min_write_buffer_number_to_merge(3)
-        opts.set_max_write_buffer_number(4)
+        opts.set_max_write_buffer_number(_HIGH_MEM_WRITE_BUFFERS)
         opts.set_max_open_files(-1)
         table.set_block_cache(shared_cache(256 * MB))
         table.set_block_size(128 * 1024)
