@@ -56,11 +56,15 @@ def _values(start: int, count: int, value_bytes: int, version: int) -> list[byte
 _POOL = random.Random(42).randbytes(8 << 20)  # the same in every phase's process
 
 
-def _checkpoint(backend: Any, access: Any, cid: int) -> dict[str, Any]:
+def _checkpoint(backend: Any, access: Any, cid: int, keep: list[Any] | None = None
+                ) -> dict[str, Any]:
+    """One checkpoint, committed and confirmed: its figures (its handle appended to ``keep``)."""
     streams = access.streams(cid, "task")
     t0 = time.perf_counter()
     run = backend.snapshot(cid, streams)
     handle = run.run()
+    if keep is not None:
+        keep.append(handle)
     access.commit(cid, {"tasks": {"task": handle}})
     seconds = time.perf_counter() - t0
     backend.notify_checkpoint_complete(cid)

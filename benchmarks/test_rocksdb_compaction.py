@@ -1,13 +1,15 @@
-"""RocksDB incremental checkpoints in a steady state, LEVEL against UNIVERSAL compaction.
+"""RocksDB incremental checkpoints in a steady state: LEVEL, UNIVERSAL and changelog checkpoints.
 
-One ValueState of 1 KiB values at 0.1, 1 and 10 GiB; per size, the two styles run one after the
-other in the same test, each in its own process (``benchmarks/compaction_driver.py``): the full
+One ValueState of 1 KiB values at 0.1, 1 and 10 GiB; per size, LEVEL, UNIVERSAL and CHANGELOG
+(LEVEL with ``state.changelog.enabled``) run one after the other in the same test, each in its
+own process (``benchmarks/compaction_driver.py``): the full
 checkpoint, what the build's own compactions add to the next one, then a hundred rounds of 1 %
 of the keys changed and an incremental checkpoint each (``STATEKIT_BENCH_COMPACTION_ROUNDS``;
 a dozen rounds mislead: UNIVERSAL's merges grow round by round until one rewrites everything).
 Reported: each round's checkpoint against the full one (mean, largest, how many rounds exceed
-10 %), the database's size on disk against the state, random point reads per second, UNIVERSAL
-against LEVEL.  Marked ``large``; the 10 GiB pair takes about 20 minutes here.
+10 %), the database's size on disk against the state, random point reads per second, the
+seconds the round's writes took, a restore of the last checkpoint; each against LEVEL.  Marked
+``large``; the 10 GiB size takes about 30 minutes here.
 
 Run: ``pytest benchmarks/test_rocksdb_compaction.py -m large -s -o testpaths=benchmarks``
 (``-k 1000000-`` for one size).
@@ -48,7 +50,7 @@ def test_incremental_checkpoints_by_compaction_style(benchmark: Any, keys: int) 
     styles: dict[str, Any] = {}
 
     def both() -> None:
-        for style in ("LEVEL", "UNIVERSAL"):
+        for style in ("LEVEL", "UNIVERSAL", "CHANGELOG"):
             root = scratch_dir(f"compaction-{style.lower()}-{keys}")
             try:
                 styles[style] = _style(style, keys, root)
@@ -56,10 +58,10 @@ def test_incremental_checkpoints_by_compaction_style(benchmark: Any, keys: int) 
                 shutil.rmtree(root, ignore_errors=True)
 
     benchmark.pedantic(both, rounds=1, iterations=1)
-    level, universal = styles["LEVEL"], styles["UNIVERSAL"]
+    level, universal, changelog = styles["LEVEL"], styles["UNIVERSAL"], styles["CHANGELOG"]
     figures = {
         "keys": keys, "state_gib": round(keys * 1024 / 2**30, 3), "rounds": ROUNDS,
-        "level": level, "universal": universal, "loadavg": loadavg(),
+        "level": level, "universal": universal, "changelog": changelog, "loadavg": loadavg(),
         "ratios": {
             "level_mean_share": level["mean_share"], "level_max_share": level["max_share"],
             "level_rounds_over_10pct": sum(s > 0.1 for s in level["round_shares"]),
@@ -69,6 +71,13 @@ def test_incremental_checkpoints_by_compaction_style(benchmark: Any, keys: int) 
             "universal_vs_level_reads": round(universal["reads_per_s"] / level["reads_per_s"], 3),
             "universal_vs_level_disk": round(universal["db_bytes_vs_full"]
                                              / level["db_bytes_vs_full"], 3),
+            "changelog_mean_share": changelog["mean_share"],
+            "changelog_max_share": changelog["max_share"],
+            "changelog_rounds_over_10pct": sum(s > 0.1 for s in changelog["round_shares"]),
+            "changelog_materializations": changelog["materializations"],
+            "changelog_vs_level_writes": round(changelog["write_s"] / level["write_s"], 3),
+            "changelog_vs_level_restore": round(changelog["restore_s"] / level["restore_s"], 3),
+            "changelog_vs_level_reads": round(changelog["reads_per_s"] / level["reads_per_s"], 3),
         },
     }
     benchmark.extra_info.update(figures)

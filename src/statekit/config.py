@@ -172,6 +172,13 @@ OPTIONS: tuple[Option, ...] = (
            ("execution.checkpointing.incremental",)),
     Option("state.backend.async", parse_bool, "true", "Asynchronous snapshots.",
            ("execution.checkpointing.async",)),
+    Option("state.changelog.enabled", parse_bool, "false", "RocksDB: checkpoints upload the "
+           "write-ahead log between materializations.", ("state.backend.changelog.enabled",)),
+    Option("state.changelog.periodic-materialize.interval", _POS_DUR, "10 min", "Changelog: the "
+           "first checkpoint this long after a materialization materializes.",
+           ("state.backend.changelog.periodic-materialize.interval",)),
+    Option("state.backend.rocksdb.changelog.max-log-ratio", at_least(parse_float, 1e-9, 1e9), "0.5",
+           "Changelog: materialize once the logs exceed this share of the materialization."),
     Option("state.checkpoints.num-retained", _POS_INT, "1", "Completed checkpoints retained.",
            ("execution.checkpointing.num-retained",)),
     Option("state.storage.fs.memory-threshold", at_least(parse_size, 0, 1 << 20), "20 kb",

@@ -14,6 +14,7 @@ from statekit.errors import ConfigError
 from statekit.registry import backend_registry
 from statekit.serde.types import Types
 from statekit.state.descriptors import ValueStateDescriptor
+from statekit.values import parse_size
 from tests.backends.test_rocksdb import VALUE, checkpoint, keyed, options_text, rocks, storage_access
 
 P = "state.backend.rocksdb."
@@ -50,6 +51,23 @@ def test_every_configurable_option_takes_effect_on_every_column_family():
             assert lines.count(line) == 2, line
         for line in PER_DATABASE:
             assert lines.count(line) == 1, line
+    finally:
+        kb.dispose()
+
+
+@pytest.mark.parametrize("size", ["256 kb", "1 mb", "4 mb"])
+def test_a_small_write_buffer_fills_before_it_flushes(size):
+    # the memory budget's arena blocks (6.7 MB by default) larger than the write buffer made
+    # RocksDB switch the memtable on every write: a flush and an SST file per write
+    kb = _opened(rocks().configure({P + "writebuffer.size": size}))
+    try:
+        v = kb.get_partitioned_state(VALUE)
+        for i in range(1000):  # about 30 KB: far below each size
+            kb.set_current_key(f"k{i}")
+            v.update(i)
+        cf = kb.cfs["v"]
+        assert cf.property_int_value("rocksdb.num-entries-active-mem-table") == 1000
+        assert _lines(options_text(kb)).count(f"arena_block_size={parse_size('size', size) // 8}") == 2
     finally:
         kb.dispose()
 

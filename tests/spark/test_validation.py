@@ -104,6 +104,19 @@ def test_local_only_keys_in_the_conf_argument_are_named_as_written(spark):
         call(spark, "transform_with_state", conf={"execution.checkpointing.unaligned": "true"})
 
 
+def test_an_error_about_two_keys_names_both_as_written(spark):
+    spark.conf.set("spark.statekit.state.backend.rocksdb.writebuffer.count", "2")
+    try:
+        with pytest.raises(ConfigError, match=r"^state\.backend\.rocksdb\.writebuffer\.number-to-"
+                           r"merge: must be below spark\.statekit\.state\.backend\.rocksdb\."
+                           r"writebuffer\.count \(2\)"):
+            call(spark, "transform_with_state", conf={
+                "state.backend.type": "rocksdb",
+                "state.backend.rocksdb.writebuffer.number-to-merge": "2"})
+    finally:
+        spark.conf.unset("spark.statekit.state.backend.rocksdb.writebuffer.count")
+
+
 def test_foreach_batch_checks_its_arguments(spark):
     with pytest.raises(ConfigError, match="num_partitions"):
         foreach_batch(RunningCount(), "key", OUTPUT, lambda df, b: None, num_partitions=0)

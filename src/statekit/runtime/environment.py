@@ -133,6 +133,16 @@ class StreamExecutionEnvironment:
         self._backend = state_backend.configure(dict(self._config)) if self._config else state_backend
         return self
 
+    def enable_changelog_state_backend(self, enabled: bool) -> StreamExecutionEnvironment:
+        """PyFlink's switch for changelog checkpoints (``state.changelog.enabled``): the RocksDB
+        backend uploads its write-ahead log between materializations; the heap backend refuses it
+        (its changelog is ``state.backend.heap.incremental``)."""
+        return self.configure({"state.changelog.enabled": enabled})
+
+    def is_changelog_state_backend_enabled(self) -> bool:
+        """Whether ``state.changelog.enabled`` is set (default False, as in Flink)."""
+        return bool(cfg.read(self._config, "state.changelog.enabled"))
+
     def get_state_backend(self) -> StateBackend | None:
         return self._backend
 

@@ -11,6 +11,7 @@ partition's work ends.  :func:`build_spec` checks all of it at the adapter call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -136,6 +137,16 @@ def _as_written(key: str, flat: Mapping[str, Any]) -> str:
     return str(getattr(flat, "written", {}).get(key, SPARK_PREFIX + key))
 
 
+_KEY_IN_TEXT = re.compile(r"(?<![\w.])(?:state|execution|pipeline|restart-strategy|s3)\.[\w.\-]*\w")
+
+
+def _spelled(text: str, flat: Mapping[str, Any]) -> str:
+    """``text`` with every statekit key it names spelled as the user writes it (a message about
+    two keys names both as they were set)."""
+    return _KEY_IN_TEXT.sub(lambda m: _as_written(m.group(0), flat)
+                            if m.group(0) in cfg.BY_KEY else m.group(0), text)
+
+
 def resolve(conf: Mapping[str, Any], spark: Any = None, operator_id: str | None = None
             ) -> tuple[StateBackend, CheckpointStorage]:
     """The backend (default hashmap) and storage a query uses.
@@ -181,7 +192,8 @@ def build_spec(spark: Any, function: Function, key_columns: list[str], output_sc
     try:
         backend, storage = resolve(flat, spark, operator_id)
     except ConfigError as exc:  # name the key as the user wrote it
-        raise type(exc)(_as_written(exc.key, flat), str(exc).split(": ", 1)[-1]) from None
+        raise type(exc)(_as_written(exc.key, flat),
+                        _spelled(str(exc).split(": ", 1)[-1], flat)) from None
     _check_local_directory(flat)
     roots = getattr(backend, "working_roots", None)
     if roots is not None:  # swept of dead workers' leftovers when this driver exits

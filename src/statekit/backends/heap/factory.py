@@ -12,7 +12,7 @@ from typing import Any
 from statekit.backends.base import StateBackend
 from statekit.backends.heap.backend import HeapKeyedStateBackend
 from statekit.backends.heap.snapshot import DEFAULT_SNAPSHOT_MODE, check_snapshot_mode
-from statekit.config import default
+from statekit.config import BY_KEY, canonical, default
 from statekit.configurable import Setting, apply_settings
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
@@ -124,6 +124,13 @@ class HashMapStateBackend(StateBackend):
 
     def configure(self, config: dict[str, Any]) -> HashMapStateBackend:
         """A copy with flat configuration keys applied; settings made in code take precedence."""
+        for key in ("state.changelog.enabled", "state.backend.changelog.enabled",
+                    "state.changelog.periodic-materialize.interval",
+                    "state.backend.changelog.periodic-materialize.interval"):
+            if config.get(key) is not None and BY_KEY[canonical(key)].parse(key, config[key]):
+                raise ConfigError(key, "changelog checkpoints of the write-ahead log are the "
+                                  "RocksDB backend's; the heap backend's changelog is "
+                                  "state.backend.heap.incremental: true")
         new = copy.copy(self)
         apply_settings(_SETTINGS, self, new, config)
         return new

@@ -18,6 +18,7 @@ from rocksdict import Options, Rdict, WriteBatch
 from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.kvformat import KV_FORMATS
+from statekit.backends.rocksdb.changelog import WalChangelog
 from statekit.backends.rocksdb.checks import CheckedFamily, Compaction, RestoreChecks
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
 from statekit.backends.rocksdb.encoding import key_bytes
@@ -61,7 +62,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  instance_dir: str, options: Callable[[], Options],
                  incremental: bool = False, transfer_threads: int = 1,
                  ttl_compaction_filter: bool = True, timer_factory: str = "ROCKSDB",
-                 lazy_restore: bool = True) -> None:
+                 lazy_restore: bool = True, changelog: WalChangelog | None = None) -> None:
         self.current_prefix: bytes | None = None
         # prefixes of str/int/bytes keys, cached once the key passed the declared key type's
         # check (so a cache hit needs none)
@@ -80,7 +81,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._checks: RestoreChecks | None = None
         self._compaction: Compaction | None = None
         self._damage: Exception | None = None
-        self._wo = write_options()
+        #: changelog checkpoints: writes go through the WAL, which checkpoints upload
+        self.changelog = changelog
+        self._wo = write_options(wal=changelog is not None)
         self.db: Any = None
         self.cfs: dict[str, Rdict] = {}
         self.state_info: dict[str, dict[str, Any]] = {}  # name -> {"layout", "kind"}
@@ -183,6 +186,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return cf
 
     def _create_state(self, meta: StateMeta) -> State:
+        if self.changelog is not None:
+            self.changelog.check_state(meta)
         cf = self.cf(meta.name)
         self.state_info[meta.name] = {"layout": meta.layout, "kind": meta.kind}
         self.metas[meta.name] = meta
@@ -416,6 +421,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self._confirmed_id = checkpoint_id
             for cid in [c for c in self._pending if c < checkpoint_id]:
                 del self._pending[cid]
+        if self.changelog is not None:
+            self.changelog.complete(checkpoint_id, self.db_path)
 
     def adopt_restored_base(self, handle: dict[str, Any]) -> None:
         """The next incremental checkpoint reuses the restored shared SSTs (same name and size)."""
@@ -426,6 +433,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         with self._lock:
             self._pending.pop(checkpoint_id, None)
+        if self.changelog is not None:
+            self.changelog.aborted(checkpoint_id)
 
     native_formats = (*KV_FORMATS, ROCKSDB_FORMAT)
     filterable_formats = KV_FORMATS

@@ -39,10 +39,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def write_options() -> WriteOptions:
-    """Writes without the WAL: state is made durable by checkpoints, as in Flink."""
+def write_options(wal: bool = False) -> WriteOptions:
+    """Writes without the WAL (state is made durable by checkpoints, as in Flink), unless
+    changelog checkpoints upload it (``wal``)."""
     wo = WriteOptions()
-    wo.disable_wal = True
+    wo.disable_wal = not wal
     return wo
 
 

@@ -20,6 +20,7 @@ from statekit import workdirs
 from statekit.backends.base import StateBackend
 from statekit.backends.legacy import FsStateBackend
 from statekit.backends.rocksdb.backend import RocksDBKeyedStateBackend
+from statekit.backends.rocksdb.changelog import WAL_TTL_SECONDS, WalChangelog
 from statekit.backends.rocksdb.memory import (
     FIXED_KEY,
     MANAGED_KEY,
@@ -46,6 +47,9 @@ from statekit.values import parse_bool
 
 _THREADS_KEY = "state.backend.rocksdb.checkpoint.transfer.thread.num"
 _LAZY_KEY = "state.backend.rocksdb.lazy-restore"
+CHANGELOG_KEY = "state.changelog.enabled"
+_MATERIALIZE_KEY = "state.changelog.periodic-materialize.interval"
+_LOG_RATIO_KEY = "state.backend.rocksdb.changelog.max-log-ratio"
 
 
 def _local_path(path: Any, key: str = "state.backend.rocksdb.localdir") -> str:
@@ -98,6 +102,10 @@ _SETTINGS = (
     Setting("_write_buffer_ratio", (RATIO_KEY,)),
     Setting("_timer_factory", (_TIMER_KEY,)),
     Setting("_lazy", (_LAZY_KEY,)),
+    Setting("_changelog", (CHANGELOG_KEY, "state.backend.changelog.enabled")),
+    Setting("_materialize", (_MATERIALIZE_KEY,
+                             "state.backend.changelog.periodic-materialize.interval")),
+    Setting("_log_ratio", (_LOG_RATIO_KEY,)),
 )
 
 
@@ -128,6 +136,9 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         self._managed: bool | None = None
         self._fixed_memory: int | None = None
         self._write_buffer_ratio: float | None = None
+        self._changelog: bool | None = None
+        self._materialize: int | None = None
+        self._log_ratio: float | None = None
         #: Flink's configurable options set by configuration (full key -> parsed value)
         self._tuning: dict[str, Any] = {}
 
@@ -219,6 +230,20 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         hard-linked in the background (default True; false checks them before opening)."""
         return bool(default(_LAZY_KEY) if self._lazy is None else self._lazy)
 
+    def is_changelog_enabled(self) -> bool:
+        """Whether checkpoints upload the write-ahead log between materializations
+        (``state.changelog.enabled``, default False as in Flink)."""
+        return bool(self._changelog)
+
+    def get_materialization_interval(self) -> int:
+        """Milliseconds between materializations of changelog checkpoints (default 10 min)."""
+        return int(default(_MATERIALIZE_KEY) if self._materialize is None else self._materialize)
+
+    def get_max_log_ratio(self) -> float:
+        """Changelog: a materialization once the logs exceed this share of the last one
+        (default 0.5: a restore replays at most half the state's size of log)."""
+        return float(default(_LOG_RATIO_KEY) if self._log_ratio is None else self._log_ratio)
+
     def get_memory_configuration(self) -> RocksDBMemoryConfiguration:
         """How much memory this process's RocksDB instances share (Flink's
         ``state.backend.rocksdb.memory.*``: managed by default, 0.5 for write buffers)."""
@@ -264,9 +289,13 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         factory = resolve_options_factory(self._options_factory)
         memory = shared_memory(self.get_memory_configuration())
         tuning = dict(self._tuning)
+        changelog = self.is_changelog_enabled()
 
         def build() -> Options:
-            return build_options(predefined, factory, memory, tuning)
+            options = build_options(predefined, factory, memory, tuning)
+            if changelog:  # obsolete logs are archived until a checkpoint holds them
+                options.set_wal_ttl_seconds(WAL_TTL_SECONDS)
+            return options
 
         return build
 
@@ -291,6 +320,8 @@ class EmbeddedRocksDBStateBackend(StateBackend):
             ttl_compaction_filter=self.is_ttl_compaction_filter_enabled(),
             timer_factory=self.get_priority_queue_state_type(),
             lazy_restore=self.is_lazy_restore_enabled(),
+            changelog=(WalChangelog(self.get_materialization_interval(), self.get_max_log_ratio())
+                       if self.is_changelog_enabled() else None),
         )
 
     def __repr__(self) -> str:

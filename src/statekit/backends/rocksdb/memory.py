@@ -74,7 +74,8 @@ def shared_memory(config: RocksDBMemoryConfiguration) -> SharedMemory | None:
         return memory
 
 
-def apply_memory(opts: Options, table: BlockBasedOptions, memory: SharedMemory) -> None:
+def apply_memory(opts: Options, table: BlockBasedOptions, memory: SharedMemory,
+                 write_buffer_size: int = 64 << 20) -> None:
     """Put an instance's block cache, index and filter blocks and memtables in the budget."""
     table.set_block_cache(memory.cache)
     table.set_cache_index_and_filter_blocks(True)
@@ -82,5 +83,8 @@ def apply_memory(opts: Options, table: BlockBasedOptions, memory: SharedMemory) 
     opts.set_block_based_table_factory(table)
     opts.set_write_buffer_manager(memory.write_buffers)
     # a memtable allocates in arena blocks (a write buffer's 1/8: 8 MB by default); a small
-    # budget would be spent by the first blocks of a few memtables, so they shrink with it
-    opts.set_arena_block_size(min(DEFAULT_ARENA_BLOCK, max(4096, memory.write_buffer_capacity // 16)))
+    # budget would be spent by the first blocks of a few memtables, so they shrink with it; and
+    # never past a write buffer's 1/8 (RocksDB's own): a block larger than the write buffer
+    # makes every write switch the memtable (a flush per write with writebuffer.size 1 mb)
+    opts.set_arena_block_size(max(4096, min(DEFAULT_ARENA_BLOCK, memory.write_buffer_capacity // 16,
+                                             write_buffer_size // 8)))

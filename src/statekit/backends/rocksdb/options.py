@@ -123,7 +123,7 @@ def check_tuning(tuning: Mapping[str, Any], predefined: PredefinedOptions) -> No
         else _DEFAULT_WRITE_BUFFERS)
     if merge is not None and merge >= count:
         raise ConfigError(TUNING_PREFIX + "writebuffer.number-to-merge",
-                          f"must be below writebuffer.count ({count}), got {merge}")
+                          f"must be below {TUNING_PREFIX}writebuffer.count ({count}), got {merge}")
 
 
 def _apply_tuning(opts: Options, table: BlockBasedOptions, tuning: Mapping[str, Any]) -> None:
@@ -202,5 +202,6 @@ def build_options(predefined: PredefinedOptions = PredefinedOptions.DEFAULT,
                               f"the options factory returned {type(replaced).__name__}, "
                               "expected rocksdict.Options or None")
     if memory is not None:
-        apply_memory(opts, table, memory)
+        buffer = (tuning or {}).get("state.backend.rocksdb.writebuffer.size", 64 * MB)
+        apply_memory(opts, table, memory, int(buffer))
     return opts

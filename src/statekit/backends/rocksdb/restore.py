@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.kvformat import KV_FORMATS, kept_indices, read_kv_states
+from statekit.backends.rocksdb.changelog import append_logs
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
@@ -116,6 +117,7 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
             fetch(item)
     else:
         pool_map(fetch, files)
+    append_logs(handle, reader, dest)  # a changelog checkpoint: RocksDB replays them on open
 
 
 def _check_recorded_range(cf: Rdict, name: str, recorded: KeyGroupRange) -> None:

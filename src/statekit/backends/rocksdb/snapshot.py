@@ -21,6 +21,7 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
 from statekit.backends.kvschema import check_kind, check_state_count
+from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
 from statekit.backends.rocksdb.heap_timers import HeapTimerOwner, HeapTimers, check_heap_timers
@@ -58,6 +59,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
     if "reused_sst" in task:
         schema.integer(task["reused_sst"], f"{path}.reused_sst", 0)
     check_heap_timers(task, path, recorded)
+    check_changelog(task, path)
 
 
 schema.register_format(ROCKSDB_FORMAT, _check_native)
@@ -93,6 +95,8 @@ class SnapshotOwner(DatabaseOwner, Protocol):
     disposed: bool
     metas: dict[str, StateMeta]
     confirmed: dict[str, dict[str, Any]]
+    changelog: WalChangelog | None
+    db_path: Path
     sweep_cursor: dict[str, tuple[bytes, int]]
 
     def registered_descriptor(self, name: str) -> StateDescriptor | None:
@@ -129,14 +133,20 @@ class RocksDBSnapshotStrategy:
         self._ttl_sweep()
         for name in backend.state_names():
             backend.cf(name)  # restored-but-unregistered states are column families too
+        changelog = None if savepoint else backend.changelog
+        chain = None if changelog is None else changelog.extends(set(backend.state_names()))
+        if chain is not None:
+            return self._log_run(checkpoint_id, streams, chain, start)
         # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
         # so the hard-linked files hold everything written with the WAL disabled
+        taken = time.monotonic()
         target = backend.instance_dir / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
         checkpoint = Checkpoint(db)
         try:
             checkpoint.create_checkpoint(str(target))
         finally:
             del checkpoint
+        position = None if changelog is None else changelog.position(target, backend.db_path)
         info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
         heap_timers = backend.heap_store.capture()  # timers kept on the heap: constant time
         base = dict(backend.confirmed) if backend.incremental and not savepoint else {}
@@ -158,10 +168,50 @@ class RocksDBSnapshotStrategy:
                 if expiring:
                     self._drop_expired_in(target, expiring)
                 handle = self._upload(checkpoint_id, target, streams, info, base)
+                if changelog is not None and position is not None:
+                    changelog.materialized(checkpoint_id, handle, position, taken)
                 if timers:
                     handle["heap_timers"] = timers
                 return handle
             except OSError as exc:  # dispose removed the native checkpoint under the upload
+                if backend.disposed:
+                    raise CheckpointError(_DISPOSED) from exc
+                raise
+            finally:
+                backend.heap_store.release(heap_timers)
+                shutil.rmtree(target, ignore_errors=True)
+
+        def cancel() -> None:
+            backend.heap_store.release(heap_timers)
+            shutil.rmtree(target, ignore_errors=True)
+
+        return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
+
+    def _log_run(self, checkpoint_id: int, streams: CheckpointStreams,
+                 chain: tuple[dict[str, Any], float], start: float) -> SnapshotRun:
+        """A changelog checkpoint: the logs written since ``chain`` (hard links now), uploaded
+        by the run on top of ``chain``'s materialization."""
+        backend, changelog = self.backend, self.backend.changelog
+        assert changelog is not None
+        target = backend.instance_dir / f"log-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        segments = changelog.capture(backend.db, backend.db_path, chain[0], target)
+        info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
+        heap_timers = backend.heap_store.capture()
+
+        def run() -> dict[str, Any]:
+            try:
+                if backend.disposed:
+                    raise CheckpointError(_DISPOSED)
+                backend.finish_restore()
+                timers = backend.heap_store.write(heap_timers, streams, False)
+                handle = changelog.write(checkpoint_id, chain[0], segments, streams, info,
+                                         chain[1])
+                if timers:
+                    handle["heap_timers"] = timers
+                if backend.incremental:
+                    backend.track_upload(checkpoint_id, handle["sst"])
+                return handle
+            except OSError as exc:
                 if backend.disposed:
                     raise CheckpointError(_DISPOSED) from exc
                 raise

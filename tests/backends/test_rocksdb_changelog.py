@@ -1,0 +1,387 @@
+"""Changelog checkpoints of the RocksDB backend (``state.changelog.enabled``): between
+materializations a checkpoint uploads the write-ahead log written since the last one."""
+
+import os
+import time
+
+import pytest
+
+from statekit.backends.heap import HashMapStateBackend
+from statekit.backends.rocksdb import ROCKSDB_FORMAT, EmbeddedRocksDBStateBackend
+from statekit.backends.transfer import restore_into
+from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
+from statekit.errors import ConfigError, CorruptCheckpointError, StateError
+from statekit.runtime.environment import StreamExecutionEnvironment
+from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
+from statekit.serde.types import Types, serializer_for
+from statekit.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    StateTtlConfig,
+    Time,
+    ValueStateDescriptor,
+)
+from tests.tmpfs import rocksdb_dir
+
+SHM = rocksdb_dir()
+KEY = serializer_for(Types.STRING())
+ALL = KeyGroupRange(0, 127)
+VALUE = ValueStateDescriptor("v", Types.STRING())
+LIST = ListStateDescriptor("l", Types.LONG())
+MAP = MapStateDescriptor("m", Types.STRING(), Types.LONG())
+
+
+def rocks(changelog=True, incremental=True, **config):
+    conf = {"state.changelog.enabled": changelog, **config}
+    backend = EmbeddedRocksDBStateBackend(incremental).configure(conf)
+    if SHM:
+        backend.set_db_storage_paths(SHM)
+    return backend
+
+
+def keyed(backend, rng=ALL):
+    return backend.create_keyed_state_backend(key_serializer=KEY, key_group_range=rng,
+                                              max_parallelism=128)
+
+
+def access_of(tmp_path):
+    return FileSystemCheckpointStorage(str(tmp_path / "chk")).create_access("job")
+
+
+def checkpoint(kb, access, cid, complete=True):
+    streams = access.streams(cid, "t0")
+    handle = kb.snapshot(cid, streams).run()
+    access.commit(cid, {"tasks": {"t0": handle}})
+    if complete:
+        kb.notify_checkpoint_complete(cid)
+    return handle, streams.bytes_written
+
+
+def write_round(kb, states, keys, tag):
+    v, lst, m = states
+    for i in keys:
+        kb.set_current_key(f"k{i}")
+        v.update(f"{tag}-{i}-" + "x" * 60)
+        lst.add(i)
+        m.put(tag, i)
+        if i % 7 == 0:
+            m.remove("r0")
+
+
+def contents(kb, n):
+    v = kb.get_partitioned_state(VALUE)
+    lst = kb.get_partitioned_state(LIST)
+    m = kb.get_partitioned_state(MAP)
+    out = {}
+    for i in range(n):
+        kb.set_current_key(f"k{i}")
+        out[i] = (v.value(), list(lst.get() or []), dict(m.items()))
+    return out
+
+
+def states_of(kb):
+    return (kb.get_partitioned_state(VALUE), kb.get_partitioned_state(LIST),
+            kb.get_partitioned_state(MAP))
+
+
+def restored(backend, handle, access, rng=ALL):
+    kb = keyed(backend, rng)
+    kb.restore([handle], access.reader())
+    return kb
+
+
+def test_changelog_checkpoints_upload_the_log_and_restore_exactly(tmp_path):
+    access = access_of(tmp_path)
+    backend = rocks()
+    kb = keyed(backend)
+    n = 20_000
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(n), "r0")
+        full, full_bytes = checkpoint(kb, access, 1)
+        assert full["changelog"]["segments"] == [] and full["sst"]
+        expected = {}
+        for cid in range(2, 6):
+            write_round(kb, st, range(cid, n, 100), f"r{cid}")  # 1 % of the keys
+            handle, written = checkpoint(kb, access, cid)
+            assert handle["format"] == ROCKSDB_FORMAT
+            assert handle["sst"] == full["sst"]  # the materialization, reused whole
+            assert len(handle["changelog"]["segments"]) >= cid - 1
+            assert written <= 0.05 * full_bytes, (written, full_bytes)
+            expected[cid] = (handle, contents(kb, n))
+        for cid, (handle, want) in expected.items():  # every checkpoint of the chain
+            other = restored(rocks(changelog=False), handle, access)
+            assert contents(other, n) == want, cid
+            other.dispose()
+    finally:
+        kb.dispose()
+
+
+def test_logs_rotated_and_archived_between_checkpoints_stay_exact(tmp_path):
+    access = access_of(tmp_path)
+    backend = rocks(**{"state.backend.rocksdb.writebuffer.size": "256 kb",
+                       "state.backend.rocksdb.changelog.max-log-ratio": "100"})
+    kb = keyed(backend)
+    n = 5_000
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(n), "r0")
+        checkpoint(kb, access, 1)
+        for cid in range(2, 5):
+            write_round(kb, st, range(n), f"r{cid}")  # many memtable flushes, logs archived
+            handle, _ = checkpoint(kb, access, cid)
+            logs = {s["log"] for s in handle["changelog"]["segments"]}
+            assert len(logs) >= cid, logs
+            archive = kb.db_path / "archive"
+            covered = {s["log"]: s["offset"] + s["size"] for s in handle["changelog"]["segments"]}
+            for name in os.listdir(archive) if archive.exists() else ():
+                number = int(name.split(".")[0])  # what is left is not held whole yet
+                assert covered.get(number) != os.path.getsize(archive / name)
+        gone = [n for n in logs if not (kb.db_path / "archive" / f"{n:06d}.log").exists()
+                and not (kb.db_path / f"{n:06d}.log").exists()]
+        assert gone  # archived logs a completed checkpoint holds whole were deleted
+        want = contents(kb, n)
+        other = restored(backend, handle, access)
+        assert contents(other, n) == want
+        other.dispose()
+    finally:
+        kb.dispose()
+
+
+def test_materializes_after_the_interval_and_for_a_new_state(tmp_path):
+    access = access_of(tmp_path)
+    kb = keyed(rocks(**{"state.changelog.periodic-materialize.interval": "1 ms"}))
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(100), "r0")
+        checkpoint(kb, access, 1)
+        write_round(kb, st, range(10), "r1")
+        handle, _ = checkpoint(kb, access, 2)  # the interval passed: a materialization
+        assert handle["changelog"]["segments"] == []
+    finally:
+        kb.dispose()
+    kb = keyed(rocks(**{"state.backend.rocksdb.changelog.max-log-ratio": "0.2"}))
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(1000), "r0")
+        checkpoint(kb, access, 1)
+        shapes = []
+        for cid in range(2, 9):
+            write_round(kb, st, range(0, 1000, 12), f"r{cid}")
+            handle, _ = checkpoint(kb, access, cid)
+            shapes.append(len(handle["changelog"]["segments"]) > 0)
+        # the logs outgrow a fifth of the materialization after a few rounds: it is taken again
+        assert shapes[0] and not all(shapes), shapes
+    finally:
+        kb.dispose()
+    kb = keyed(rocks())
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(100), "r0")
+        checkpoint(kb, access, 3)
+        write_round(kb, st, range(10), "r1")
+        assert checkpoint(kb, access, 4)[0]["changelog"]["segments"]
+        extra = kb.get_partitioned_state(ValueStateDescriptor("extra", Types.LONG()))
+        kb.set_current_key("k1")
+        extra.update(7)  # a column family the materialization lacks: materialize again
+        handle, _ = checkpoint(kb, access, 5)
+        assert handle["changelog"]["segments"] == [] and "extra" in handle["states"]
+        other = restored(rocks(), handle, access)
+        other.set_current_key("k1")
+        assert other.get_partitioned_state(ValueStateDescriptor("extra", Types.LONG())).value() == 7
+        other.dispose()
+    finally:
+        kb.dispose()
+
+
+def test_a_checkpoint_that_never_completed_is_not_extended(tmp_path):
+    access = access_of(tmp_path)
+    kb = keyed(rocks())
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(500), "r0")
+        checkpoint(kb, access, 1)
+        write_round(kb, st, range(0, 500, 3), "r2")
+        second, _ = checkpoint(kb, access, 2, complete=False)
+        kb.notify_checkpoint_aborted(2)
+        write_round(kb, st, range(1, 500, 5), "r3")
+        third, _ = checkpoint(kb, access, 3)
+        # the third carries everything since the completed first, the aborted second's too
+        assert third["changelog"]["segments"][0]["offset"] == 0
+        assert len(second["changelog"]["segments"]) <= len(third["changelog"]["segments"])
+        want = contents(kb, 500)
+        other = restored(rocks(), third, access)
+        assert contents(other, 500) == want
+        other.dispose()
+    finally:
+        kb.dispose()
+
+
+def test_rescale_and_backend_switch_of_a_changelog_checkpoint(tmp_path):
+    access = access_of(tmp_path)
+    kb = keyed(rocks())
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(2000), "r0")
+        checkpoint(kb, access, 1)
+        write_round(kb, st, range(0, 2000, 9), "r1")
+        handle, _ = checkpoint(kb, access, 2)
+        assert handle["changelog"]["segments"]
+        want = contents(kb, 2000)
+    finally:
+        kb.dispose()
+    got = {}
+    for rng in (KeyGroupRange(0, 63), KeyGroupRange(64, 127)):
+        half = restored(rocks(), handle, access, rng)
+        for i in want:
+            if key_group_for_bytes(KEY.serialize(f"k{i}"), 128) in rng:
+                half.set_current_key(f"k{i}")
+                v, lst, m = states_of(half)
+                got[i] = (v.value(), list(lst.get() or []), dict(m.items()))
+        half.dispose()
+    assert got == want
+    heap = HashMapStateBackend().create_keyed_state_backend(
+        key_serializer=KEY, key_group_range=ALL, max_parallelism=128)
+    restore_into(heap, [(handle, access.reader())])  # the logs replayed, then converted
+    assert contents(heap, 2000) == want
+    heap.dispose()
+
+
+def test_a_missing_or_damaged_segment_is_refused(tmp_path):
+    access = access_of(tmp_path)
+    kb = keyed(rocks())
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(300), "r0")
+        checkpoint(kb, access, 1)
+        for cid in (2, 3):
+            write_round(kb, st, range(cid, 300, 4), f"r{cid}")
+            handle, _ = checkpoint(kb, access, cid)
+    finally:
+        kb.dispose()
+    segments = handle["changelog"]["segments"]
+    assert len(segments) >= 2
+    dropped = {**handle, "changelog": {**handle["changelog"], "segments": segments[1:]}}
+    moved = {**handle, "changelog": {**handle["changelog"],
+                                     "segments": [{**segments[0], "offset": 1}, *segments[1:]]}}
+    for bad in (dropped, moved):
+        other = keyed(rocks())
+        with pytest.raises(CorruptCheckpointError, match="segment"):
+            other.restore([bad], access.reader())
+        other.dispose()
+    data = segments[-1]["data"]
+    assert data["type"] == "file"  # (2.5 KB: above the inline threshold)
+    path = next((tmp_path / "chk").rglob(data["path"].rsplit("/", 1)[-1]))
+    path.write_bytes(b"\0" * data["size"])  # same size, damaged bytes
+    other = keyed(rocks())
+    with pytest.raises(CorruptCheckpointError):
+        other.restore([handle], access.reader())
+    other.dispose()
+
+
+def test_what_cannot_take_effect_is_refused():
+    with pytest.raises(ConfigError, match=r"state\.changelog\.enabled"):
+        HashMapStateBackend().configure({"state.changelog.enabled": "true"})
+    with pytest.raises(ConfigError, match="periodic-materialize"):
+        HashMapStateBackend().configure({"state.backend.changelog.periodic-materialize.interval": "1 min"})
+    HashMapStateBackend().configure({"state.changelog.enabled": "false"})
+    env = StreamExecutionEnvironment.get_execution_environment()
+    env.enable_changelog_state_backend(True)
+    assert env.is_changelog_state_backend_enabled()
+    with pytest.raises(ConfigError, match="heap"):
+        env.set_state_backend(HashMapStateBackend())
+    env.set_state_backend(EmbeddedRocksDBStateBackend())
+    assert env.get_state_backend().is_changelog_enabled()
+    kb = keyed(rocks())
+    try:
+        ttl = StateTtlConfig.new_builder(Time.seconds(1)).cleanup_full_snapshot().build()
+        desc = ValueStateDescriptor("t", Types.LONG())
+        desc.enable_time_to_live(ttl)
+        with pytest.raises(StateError, match="cleanup_full_snapshot"):
+            kb.get_partitioned_state(desc)
+    finally:
+        kb.dispose()
+
+
+def test_a_job_fails_restarts_and_resumes_exactly_on_changelog_checkpoints(tmp_path):
+    from statekit import ExternalizedCheckpointCleanup, RestartStrategies
+    from statekit.checkpoint.savepoint import open_external
+    from tests.runtime.envs import env_for, expected_final, final_of
+    from tests.runtime.test_local import ITEMS, RunningSum
+
+    conf = {"state.changelog.enabled": "true", "state.backend.incremental": "true",
+            "execution.checkpointing.interval": "10 ms",
+            "state.checkpoints.num-retained": "1"}
+    if SHM:
+        conf["state.backend.rocksdb.localdir"] = SHM
+    env = env_for(tmp_path, "rocksdb", **conf)
+    env.set_restart_strategy(RestartStrategies.fixed_delay_restart(3, 0))
+    env.get_checkpoint_config().enable_externalized_checkpoints(
+        ExternalizedCheckpointCleanup.RETAIN_ON_CANCELLATION)
+    result = (env.from_collection(ITEMS[:2000]).map(lambda x: time.sleep(0.0002) or x)
+              .key_by(lambda x: x[0]).process(RunningSum(fail_at={1200})).execute_and_collect())
+    assert result.restarts == 1 and len(result) == 2000
+    assert final_of(result) == expected_final(ITEMS[:2000])
+    body, _ = open_external(result.latest_checkpoint)
+    tasks = list(_native_handles(body))
+    assert tasks and all("changelog" in t for t in tasks)
+    assert any(t["changelog"]["segments"] for t in tasks)  # logs on top of a materialization
+    # the one retained checkpoint restores although the files it extends were written by
+    # checkpoints since discarded
+    resumed = env_for(tmp_path, "rocksdb", **{**conf, "execution.savepoint.path":
+                                                 result.latest_checkpoint})
+    more = (resumed.from_collection(ITEMS).key_by(lambda x: x[0]).process(RunningSum())
+            .execute_and_collect())
+    assert len(more) == len(ITEMS) - 2000
+    assert final_of(list(result) + list(more)) == expected_final(ITEMS)
+
+
+def _native_handles(obj):
+    if isinstance(obj, dict):
+        if obj.get("format") == ROCKSDB_FORMAT:
+            yield obj
+            return
+        for value in obj.values():
+            yield from _native_handles(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            yield from _native_handles(value)
+
+
+def test_a_spark_partition_commits_changelog_versions_and_restores_after_retention(tmp_path):
+    from statekit.checkpoint.savepoint import open_external
+    from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token
+    from statekit.serde.types import GenericSerializer
+
+    storage = FileSystemCheckpointStorage(str(tmp_path / "chk"))
+    count = ValueStateDescriptor("count", Types.LONG())
+
+    def store():
+        backend = rocks(**{"state.backend.rocksdb.changelog.max-log-ratio": "100"})
+        return PartitionStore(backend, storage, "query", "op", 0, GenericSerializer(),
+                              versions_retained=3)
+
+    drop_local_state()
+    try:
+        expected = {}
+        for batch in range(8):
+            s = store()
+            backend = s.open(batch, new_attempt_token(batch, 0))
+            for k in range(batch, 300, 3):
+                backend.set_current_key(f"k{k}")
+                state = backend.get_partitioned_state(count)
+                state.update((state.value() or 0) + 1)
+                expected[k] = expected.get(k, 0) + 1
+            path = s.commit()
+            assert s.reused == (batch > 0)  # the warm backend extends its changelog
+        body, _ = open_external(path)
+        assert [len(h["changelog"]["segments"]) for h in _native_handles(body)] == [7]
+        drop_local_state()  # a new executor: versions 5-7 remain, built on a materialization
+        s = store()
+        backend = s.open(8, new_attempt_token("read"))
+        for k in range(300):
+            backend.set_current_key(f"k{k}")
+            assert backend.get_partitioned_state(count).value() == expected.get(k), k
+        s.abort()
+    finally:
+        drop_local_state()
