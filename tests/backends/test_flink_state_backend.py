@@ -1,5 +1,6 @@
 """Flink's StateBackendTestBase, ported (statekit.testing.conformance), on the heap backend
-(asynchronous full and incremental snapshots) and RocksDB (full and incremental checkpoints)."""
+(asynchronous full and incremental snapshots) and RocksDB (full, incremental and changelog
+checkpoints)."""
 
 import pytest
 
@@ -16,6 +17,7 @@ BACKENDS = {
     "heap-incremental": lambda: HashMapStateBackend(incremental=True),
     "rocksdb-full": lambda: rocks(False),
     "rocksdb-incremental": lambda: rocks(True, threads=2),
+    "rocksdb-changelog": lambda: rocks(True).configure({"state.changelog.enabled": True}),
 }
 
 

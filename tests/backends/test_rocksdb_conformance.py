@@ -1,7 +1,7 @@
 """The RocksDB backend through the shared conformance suite and the hypothesis model test.
 
-Every conformance case runs with full and with incremental checkpoints, over every storage of
-the suite.  The model test covers both storages and both modes on the default run (JobManager +
+Every conformance case runs with full, incremental and changelog checkpoints, over every
+storage of the suite.  The model test covers both storages and both modes on the default run (JobManager +
 incremental, file system + full); the other two combinations are marked slow.
 """
 
@@ -41,6 +41,19 @@ class TestRocksDBIncremental(BackendConformance):
         return rocks(True, threads=2)
 
 
+def _changelog():
+    return rocks(True).configure({"state.changelog.enabled": True,
+                                  "state.backend.rocksdb.changelog.max-log-ratio": 4})
+
+
+class TestRocksDBChangelog(BackendConformance):
+    """Changelog checkpoints: the write-ahead log on top of a materialization."""
+
+    @pytest.fixture
+    def state_backend(self):
+        return _changelog()
+
+
 def _fs_storage():
     return FileSystemCheckpointStorage(str(workdirs.create(tempfile.gettempdir(), "statekit-rocks-model-")),
                                        file_state_size_threshold=128)
@@ -54,6 +67,7 @@ TestRocksDBModelJobManagerIncremental = model_test(
     _threaded(True), JobManagerCheckpointStorage, max_examples=25)
 TestRocksDBModelFilesystemFull = model_test(
     rocks, _fs_storage, max_examples=10)
+TestRocksDBModelChangelog = model_test(_changelog, _fs_storage, max_examples=10)
 TestRocksDBModelJobManagerFull = pytest.mark.slow(
     model_test(rocks, JobManagerCheckpointStorage, max_examples=25))
 TestRocksDBModelFilesystemIncremental = pytest.mark.slow(

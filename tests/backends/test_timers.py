@@ -35,6 +35,14 @@ class TestRocksDBIncrementalTimers(TimerConformance):
         return EmbeddedRocksDBStateBackend(True)
 
 
+class TestRocksDBChangelogTimers(TimerConformance):
+    """Timers written through the write-ahead log of changelog checkpoints."""
+
+    @pytest.fixture
+    def state_backend(self):
+        return EmbeddedRocksDBStateBackend(True).configure({"state.changelog.enabled": True})
+
+
 def _heap_timers(incremental=None):
     backend = EmbeddedRocksDBStateBackend(incremental)
     backend.set_priority_queue_state_type("HEAP")

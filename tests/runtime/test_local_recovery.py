@@ -93,12 +93,14 @@ def run(tmp_path, backend, before_failure, first=1, **conf):
     return result.restore_sources
 
 
-@pytest.mark.parametrize("incremental", [False, True])
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+@pytest.mark.parametrize(("backend", "incremental"), [
+    ("hashmap", False), ("hashmap", True), ("rocksdb", False), ("rocksdb", True),
+    ("rocksdb", "changelog")])
 def test_restart_reads_the_local_copy(tmp_path, backend, incremental):
     """The checkpoint's files in checkpoint storage are damaged before the failure: only the
     local copies hold the state, and the restart is exact.  Incremental snapshots re-reference
-    files of earlier checkpoints, which each copy links from the copy before it."""
+    files of earlier checkpoints, which each copy links from the copy before it; so do changelog
+    checkpoints (their materialization's files and earlier log segments)."""
     def damage_remote():
         files = remote_state_files(tmp_path / "chk")
         assert files
@@ -114,7 +116,8 @@ def test_restart_reads_the_local_copy(tmp_path, backend, incremental):
             f.write_bytes(b"\0" * f.stat().st_size)
 
     sources = run(tmp_path, backend, damage_remote, first=3 if incremental else 1,
-                  **{"state.backend.incremental": incremental,
+                  **{"state.backend.incremental": bool(incremental),
+                     "state.changelog.enabled": incremental == "changelog",
                      "state.checkpoints.num-retained": 3})
     assert sources == [{t: "local" for t in TASKS}]
 
