@@ -385,3 +385,29 @@ def test_a_spark_partition_commits_changelog_versions_and_restores_after_retenti
         s.abort()
     finally:
         drop_local_state()
+
+
+def test_a_malformed_changelog_is_refused_when_the_metadata_is_read(tmp_path):
+    from statekit.checkpoint import schema
+
+    access = access_of(tmp_path)
+    kb = keyed(rocks())
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(100), "r0")
+        checkpoint(kb, access, 1)
+        write_round(kb, st, range(0, 100, 3), "r1")
+        handle, _ = checkpoint(kb, access, 2)
+    finally:
+        kb.dispose()
+    schema.check_metadata({"tasks": {"t0": handle}}, "chk-2")  # the real one passes
+    log = handle["changelog"]
+    seg = log["segments"][0]
+    bad = [{"segments": "all"}, {"base_log": -1}, {"families": [3]}, {"starts": {"x": 1}},
+           {"segments": [{**seg, "size": seg["size"] + 1}]},
+           {"segments": [{**seg, "data": {"type": "file", "path": "../../x", "size": 1,
+                                           "crc": 0}}]}]
+    for change in bad:
+        with pytest.raises(CorruptCheckpointError):
+            schema.check_metadata({"tasks": {"t0": {**handle, "changelog": {**log, **change}}}},
+                                  "chk-2")

@@ -88,9 +88,9 @@ class WalChangelog:
     def extends(self, families: set[str]) -> tuple[dict[str, Any], float] | None:
         """The completed handle the next checkpoint may extend with logs (and when its
         materialization was taken), or None when it must materialize: none yet, the interval
-        passed, the logs outgrew their share (a restore replays them), or a state its
-        materialization lacks (a log entry of a column family the restored database would not
-        know)."""
+        passed, the logs outgrew their share (a restore replays them), or a column family in
+        ``families`` its materialization lacks (a log entry of a column family the restored
+        database would not know)."""
         with self._lock:
             chain = self._chain
         if chain is None or time.monotonic() - chain[1] >= self.interval:
@@ -99,16 +99,17 @@ class WalChangelog:
         base = sum(int(h.get("size", 0)) for group in ("sst", "misc") for h in handle[group].values())
         if handle["changelog"]["log_bytes"] > self.max_log_ratio * base:
             return None
-        return chain if families <= set(handle["states"]) else None
+        return chain if families <= set(handle["changelog"]["families"]) else None
 
     @staticmethod
-    def position(target: Path, db_path: Path) -> dict[str, Any]:
+    def position(target: Path, db_path: Path, families: list[str]) -> dict[str, Any]:
         """Synchronous part of a materialization (after the native checkpoint): the live log
-        later checkpoints start from, and the size of each log the checkpoint copied."""
+        later checkpoints start from, the size of each log the checkpoint copied, and the open
+        column families (later checkpoints may log writes to these only)."""
         copies = log_files(target)
         live = [n for n, p in log_files(db_path).items() if p.parent == db_path]
         base = min(live) if live else max(copies, default=0)
-        return {"base_log": base,
+        return {"base_log": base, "families": sorted(families),
                 "starts": {str(n): p.stat().st_size for n, p in copies.items() if n >= base},
                 "segments": [], "log_bytes": 0}
 
@@ -197,6 +198,8 @@ def check_changelog(task: dict[str, Any], path: str) -> None:
     log = schema.mapping(task["changelog"], where)
     schema.integer(log.get("base_log"), f"{where}.base_log", 0)
     schema.integer(log.get("log_bytes"), f"{where}.log_bytes", 0)
+    for n, family in enumerate(schema.sequence(log.get("families"), f"{where}.families")):
+        schema.text(family, f"{where}.families[{n}]")
     for number, size in schema.mapping(log.get("starts"), f"{where}.starts").items():
         if not isinstance(number, str) or not number.isdigit():
             raise schema.fail(f"{where}.starts", f"not a log number: {number!r}")

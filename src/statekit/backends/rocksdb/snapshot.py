@@ -134,7 +134,7 @@ class RocksDBSnapshotStrategy:
         for name in backend.state_names():
             backend.cf(name)  # restored-but-unregistered states are column families too
         changelog = None if savepoint else backend.changelog
-        chain = None if changelog is None else changelog.extends(set(backend.state_names()))
+        chain = None if changelog is None else changelog.extends(set(backend.cfs))
         if chain is not None:
             return self._log_run(checkpoint_id, streams, chain, start)
         # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
@@ -146,7 +146,8 @@ class RocksDBSnapshotStrategy:
             checkpoint.create_checkpoint(str(target))
         finally:
             del checkpoint
-        position = None if changelog is None else changelog.position(target, backend.db_path)
+        position = (None if changelog is None
+                    else changelog.position(target, backend.db_path, list(backend.cfs)))
         info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
         heap_timers = backend.heap_store.capture()  # timers kept on the heap: constant time
         base = dict(backend.confirmed) if backend.incremental and not savepoint else {}
