@@ -411,3 +411,27 @@ def test_a_malformed_changelog_is_refused_when_the_metadata_is_read(tmp_path):
         with pytest.raises(CorruptCheckpointError):
             schema.check_metadata({"tasks": {"t0": {**handle, "changelog": {**log, **change}}}},
                                   "chk-2")
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_discarding_the_materialization_keeps_what_later_checkpoints_use(tmp_path, incremental):
+    """Every file of a materialization is shared: a changelog checkpoint still needs them after
+    the checkpoint that wrote them was discarded (threshold 0: no file inline)."""
+    storage = FileSystemCheckpointStorage(str(tmp_path / "chk"), file_state_size_threshold=0)
+    access = storage.create_access("job")
+    kb = keyed(rocks(incremental=incremental))
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(500), "r0")
+        checkpoint(kb, access, 1)
+        for cid in (2, 3):
+            write_round(kb, st, range(cid, 500, 7), f"r{cid}")
+            handle, _ = checkpoint(kb, access, cid)
+            access.discard(cid - 1, [cid])  # only the newest is kept
+        assert handle["changelog"]["segments"]
+        want = contents(kb, 500)
+    finally:
+        kb.dispose()
+    other = restored(rocks(), handle, access)
+    assert contents(other, 500) == want
+    other.dispose()

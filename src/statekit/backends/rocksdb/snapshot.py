@@ -318,13 +318,15 @@ class RocksDBSnapshotStrategy:
                     continue
             todo.append(path)
         incremental = backend.incremental
+        # a materialization's files outlive its checkpoint: changelog checkpoints reference them
+        changelog = backend.changelog is not None
 
         def upload(path: Path) -> tuple[str, dict[str, Any]]:
             # streamed: a kernel copy / streamed upload, the crc computed alongside
-            if path.suffix == ".sst":
-                shared = path.name if incremental else None
-                return path.name, streams.write_file(path, state_name=path.name, shared_name=shared)
-            return path.name, streams.write_file(path, state_name=path.name)
+            sst = path.suffix == ".sst"
+            inline = path.stat().st_size < streams.inline_threshold  # carried in each handle
+            shared = path.name if (incremental and sst) or (changelog and not inline) else None
+            return path.name, streams.write_file(path, state_name=path.name, shared_name=shared)
 
         misc: dict[str, dict[str, Any]] = {}
         for name, handle in backend.pool_map(upload, todo):
