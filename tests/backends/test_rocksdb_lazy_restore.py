@@ -248,3 +248,32 @@ def test_the_setting_is_checked():
     assert not configured.is_lazy_restore_enabled()
     with pytest.raises(ConfigError):
         EmbeddedRocksDBStateBackend().configure({"state.backend.rocksdb.lazy-restore": "2"})
+
+
+def test_a_compaction_replacing_restored_files_does_not_fail_their_check(tmp_path, checkpoint,
+                                                                          held):
+    """RocksDB may compact restored files away before the thread checks them (a compaction at
+    open, or a changelog's replayed logs flushed into level 0): each check reads its own link."""
+    access, handle = checkpoint
+    kb = _restore(tmp_path, access, handle)
+    try:
+        restored = [kb.db_path / name for name in handle["sst"]]
+        assert restored and all(p.exists() for p in restored)
+        from rocksdict import BottommostLevelCompaction, CompactOptions
+
+        force = CompactOptions()
+        force.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        for name in ("default", *kb.cfs):  # rewritten on this thread: the checks are held
+            kb.db.get_column_family(name).compact_range(None, None, force)
+        deadline = time.monotonic() + 10
+        while any(p.exists() for p in restored) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(p.exists() for p in restored)  # the names the checks were given are gone
+        held.set()
+        kb.finish_restore()
+        assert kb.pending_restore() == 0
+        value = kb.get_partitioned_state(VALUE)
+        kb.set_current_key(12)
+        assert value.value() == 120
+    finally:
+        kb.dispose()

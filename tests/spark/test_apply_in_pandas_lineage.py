@@ -89,9 +89,10 @@ class Simulation:
     """One partition's tasks as Spark runs them.  ``task_end``: the worker tells the runtime
     when a task's last call is done (the adapter's hook on PySpark's worker), as Spark does."""
 
-    def __init__(self, tmp_path, materialize_every=2, slow=False, task_end=True):
+    def __init__(self, tmp_path, materialize_every=2, slow=False, task_end=True, backend=None):
         storage = (SlowCommits if slow else FileSystemCheckpointStorage)(str(tmp_path / "state"))
-        self.spec = AdapterSpec(Count(), HashMapStateBackend(), storage, "count", [], ["key", "n"])
+        self.spec = AdapterSpec(Count(), backend or HashMapStateBackend(), storage, "count", [],
+                                ["key", "n"])
         self.every = materialize_every
         self.committed = {}       # key -> GroupState tuple, as Spark committed it
         self.model = {}           # key -> committed event count
@@ -310,7 +311,7 @@ def _fresh_process_reads_back(sim, tmp_path, batch_id, tag):
 
     copy_dir = tmp_path / f"fresh-{tag}"
     shutil.copytree(tmp_path / "state", copy_dir / "state")
-    fresh = Simulation(copy_dir, sim.every, task_end=sim.task_end)
+    fresh = Simulation(copy_dir, sim.every, task_end=sim.task_end, backend=sim.spec.backend)
     fresh.committed, fresh.model = copy.deepcopy(sim.committed), dict(sim.model)
     try:
         assert fresh.batch(batch_id, "FRESH", list(sim.committed))
@@ -326,10 +327,24 @@ def test_random_lineages_restore_exactly_in_a_fresh_process(tmp_path, seed):
     (a restarted driver) must restore and continue every key's log exactly.  (Snapshot uploads
     that outlived their task let two processes branch off one base; a fresh process then
     restored the wrong sibling and found logs truncated past it.)"""
+    _random_lineage(tmp_path, seed, None)
+
+
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.heavy) for s in (1, 2))])
+def test_random_lineages_on_rocksdb_changelog_checkpoints(tmp_path, seed):
+    """The same on RocksDB whose snapshots extend a write-ahead log (changelog checkpoints)."""
+    from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
+
+    backend = EmbeddedRocksDBStateBackend(True).configure({
+        "state.changelog.enabled": True, "state.backend.rocksdb.changelog.max-log-ratio": 50})
+    _random_lineage(tmp_path, seed, backend)
+
+
+def _random_lineage(tmp_path, seed, backend):
     import random
 
     rng = random.Random(seed)
-    sim = Simulation(tmp_path, materialize_every=rng.choice([1, 2, 3]), slow=True)
+    sim = Simulation(tmp_path, materialize_every=rng.choice([1, 2, 3]), slow=True, backend=backend)
     keys = [f"k{i}" for i in range(rng.choice([6, 20, 40]))]
     mid_task = {p: rng.choice([4, 15, 1000]) for p in ("P1", "P2", "P3")}
     made = sim.runtime

@@ -335,10 +335,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # --- lazy restore: restored linked files checked in the background -----------------------
 
-    def check_later(self, checks: list[FileCheck]) -> None:
-        """Check these restored files on a thread while the state is in use (lazy restore)."""
+    def check_later(self, checks: list[FileCheck], side: Path | None = None) -> None:
+        """Check these restored files on a thread while the state is in use (lazy restore);
+        ``side``: where their links are (:func:`~.checks.pinned`)."""
         if checks:
-            self._checks = RestoreChecks(checks, self._damaged, self._checked)
+            self._checks = RestoreChecks(checks, self._damaged, self._checked, side)
 
     def compact_later(self, ranges: list[tuple[Any, bytes, bytes]]) -> None:
         """Compact a rescaling restore's foreign ranges on a thread, after the file checks; the

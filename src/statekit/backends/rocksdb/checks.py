@@ -11,22 +11,41 @@ too, so no checkpoint is taken of unchecked files.  A file that fails makes ever
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import shutil
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from statekit.checkpoint.reader import FileCheck
 from statekit.errors import CorruptCheckpointError, StatekitError
 
 
+def pinned(checks: list[FileCheck], side: Path) -> list[FileCheck]:
+    """The checks, each reading a hard link of its own under ``side``, made before the database
+    opens: RocksDB may compact a restored file away (at open, or flushing a changelog's replayed
+    logs) before the thread reads it, and the link keeps the file until its check ran."""
+    side.mkdir(parents=True)
+    out = []
+    for n, check in enumerate(checks):
+        link = side / f"{n}-{Path(check.local_path).name}"
+        os.link(check.local_path, link)
+        out.append(dataclasses.replace(check, local_path=str(link)))
+    return out
+
+
 class RestoreChecks:
     """A thread checking ``checks`` one by one; ``on_damage(error)`` runs on it if one fails,
-    ``on_done()`` once all passed."""
+    ``on_done()`` once all passed.  ``side``: the directory of the checks' links
+    (:func:`pinned`), removed when the thread ends."""
 
     def __init__(self, checks: list[FileCheck],
                  on_damage: Callable[[CorruptCheckpointError], None],
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None], side: Path | None = None) -> None:
+        self.side = side
         self.left = len(checks)
         self.error: CorruptCheckpointError | None = None
         self._stop = threading.Event()
@@ -37,6 +56,13 @@ class RestoreChecks:
         self._thread.start()
 
     def _run(self, checks: list[FileCheck]) -> None:
+        try:
+            self._check(checks)
+        finally:
+            if self.side is not None:
+                shutil.rmtree(self.side, ignore_errors=True)
+
+    def _check(self, checks: list[FileCheck]) -> None:
         for check in checks:
             if self._stop.is_set():
                 return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +20,7 @@ from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.kvformat import KV_FORMATS, kept_indices, read_kv_states
 from statekit.backends.rocksdb.changelog import append_logs
+from statekit.backends.rocksdb.checks import pinned
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
@@ -45,7 +47,7 @@ class RestoreOwner(DatabaseOwner, Protocol):
     kg_prefixes: list[bytes]
     lazy_restore: bool
 
-    def check_later(self, checks: list[FileCheck]) -> None:
+    def check_later(self, checks: list[FileCheck], side: Path | None = None) -> None:
         """Check these restored files in the background, the state in use meanwhile."""
         ...
 
@@ -216,9 +218,12 @@ class RocksDBRestoreOperation:
             _, base, base_reader = native[0]
             deferred: list[FileCheck] | None = [] if backend.lazy_restore else None
             self._download(base, base_reader, backend.db_path, deferred)
+            side = backend.instance_dir / f"checks-{uuid.uuid4().hex[:8]}"
+            if deferred:  # linked before RocksDB opens, and may compact, the files
+                deferred = pinned(deferred, side)
             check_native_db(backend.ensure_open(), base)
             if deferred:  # from here on, scans wait for the check (restore.py's own too)
-                backend.check_later(deferred)
+                backend.check_later(deferred, side)
             lo, hi = backend.kg_prefixes[mine.start], kg_after(mine.end, backend.kg_prefixes)
             theirs = KeyGroupRange.of(base["key_group_range"])
             foreign: list[tuple[Any, bytes, bytes]] = []
