@@ -25,7 +25,12 @@ from typing import Any
 from statekit.errors import ConfigError
 from statekit.values import (
     at_least,
+    choice,
+    compaction_style,
     get,
+    materialize_interval,
+    open_files,
+    open_ratio,
     parse_bool,
     parse_duration_ms,
     parse_enum,
@@ -33,6 +38,7 @@ from statekit.values import (
     parse_int,
     parse_size,
     parse_str,
+    refused,
 )
 
 ENV_PREFIX = "STATEKIT_"
@@ -62,19 +68,6 @@ __all__ = [  # with the value parsers, which callers use with these keys
     "read",
     "validate",
 ]
-
-
-def _choice(*names: str) -> Callable[[str, Any], str]:
-    """A parser accepting one of ``names`` (case-insensitive, ``_`` for ``-`` accepted)."""
-    allowed = {n.lower().replace("_", "-"): n for n in names}
-
-    def parse(key: str, value: Any) -> str:
-        text = str(getattr(value, "name", value)).strip().lower().replace("_", "-")
-        if text not in allowed:
-            raise ConfigError(key, f"expected one of {', '.join(names)}, got {value!r}")
-        return allowed[text]
-
-    return parse
 
 
 def _plugin(key: str, value: Any) -> str:
@@ -126,34 +119,6 @@ _NONNEG_INT = at_least(parse_int, 0)
 _POS_INT = at_least(parse_int, 1)
 
 
-def _ratio(key: str, value: Any) -> float:
-    """A fraction strictly between 0 and 1 (Flink's rule for memory ratios)."""
-    ratio = parse_float(key, value)
-    if not 0 < ratio < 1:
-        raise ConfigError(key, f"{ratio} is not strictly between 0 and 1")
-    return ratio
-
-
-def _refused(why: str) -> Callable[[str, Any], Any]:
-    """The parser of a Flink key that cannot take effect here: setting it is a ConfigError."""
-    def parse(key: str, value: Any) -> Any:
-        raise ConfigError(key, f"cannot take effect: {why}")
-    return parse
-
-def _compaction_style(key: str, value: Any) -> str:
-    """LEVEL or UNIVERSAL; FIFO (Flink accepts it) deletes the oldest files, state included."""
-    if str(getattr(value, "name", value)).strip().upper() == "FIFO":
-        raise ConfigError(key, "FIFO compaction deletes the oldest SST files once the database "
-                          "outgrows its limit, which would drop keyed state; use LEVEL or UNIVERSAL")
-    return _choice("LEVEL", "UNIVERSAL")(key, value)
-
-
-def _open_files(key: str, value: Any) -> int:  # RocksDB would raise 1..19 to 20 silently
-    if (count := parse_int(key, value)) != -1 and count < 20:
-        raise ConfigError(key, f"must be -1 (no limit) or at least 20, got {value!r}")
-    return count
-
-
 OPTIONS: tuple[Option, ...] = (
     # --- backend and storage ------------------------------------------------------------------
     Option("state.backend.type", _plugin, "hashmap",
@@ -174,9 +139,18 @@ OPTIONS: tuple[Option, ...] = (
            ("execution.checkpointing.async",)),
     Option("state.changelog.enabled", parse_bool, "false", "RocksDB: checkpoints upload the "
            "write-ahead log between materializations.", ("state.backend.changelog.enabled",)),
-    Option("state.changelog.periodic-materialize.interval", _POS_DUR, "10 min", "Changelog: the "
-           "first checkpoint this long after a materialization materializes.",
-           ("state.backend.changelog.periodic-materialize.interval",)),
+    Option("state.changelog.periodic-materialize.interval", materialize_interval, "10 min", "Changelog: "
+           "the first checkpoint this long after a materialization materializes (negative: never "
+           "by time, as in Flink).", ("state.backend.changelog.periodic-materialize.interval",)),
+    Option("state.changelog.storage", refused(
+        "the changelog is RocksDB's write-ahead log, uploaded to the checkpoint storage"),
+        "(refused)", "Refused: the changelog goes to the checkpoint storage.",
+        ("state.backend.changelog.storage",), described=True),
+    Option("state.changelog.max-failures-allowed", refused(
+        "a failed materialization fails its checkpoint (execution.checkpointing."
+        "tolerable-failed-checkpoints decides)"), "(refused)",
+        "Refused: a failed materialization fails its checkpoint.",
+        ("state.backend.changelog.max-failures-allowed",), described=True),
     Option("state.backend.rocksdb.changelog.max-log-ratio", at_least(parse_float, 1e-9, 1e9), "0.5",
            "Changelog: materialize once the logs exceed this share of the materialization."),
     Option("state.checkpoints.num-retained", _POS_INT, "1", "Completed checkpoints retained.",
@@ -200,9 +174,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("execution.checkpointing.interval", _NONNEG_DUR, "(disabled)",
            "Checkpoint interval of the local runner (Spark adapters checkpoint every batch).",
            described=True),
-    Option("execution.runtime-mode", _choice("STREAMING", "BATCH", "AUTOMATIC"), "STREAMING",
+    Option("execution.runtime-mode", choice("STREAMING", "BATCH", "AUTOMATIC"), "STREAMING",
            "Local runner: BATCH (and AUTOMATIC) runs by key, each key's timers at its end."),
-    Option("execution.checkpointing.mode", _choice("EXACTLY_ONCE", "AT_LEAST_ONCE"),
+    Option("execution.checkpointing.mode", choice("EXACTLY_ONCE", "AT_LEAST_ONCE"),
            "EXACTLY_ONCE", "Checkpointing mode."),
     Option("execution.checkpointing.timeout", _POS_DUR, "10 min",
            "A checkpoint running longer is aborted."),
@@ -213,7 +187,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("execution.checkpointing.tolerable-failed-checkpoints", _NONNEG_INT, "0",
            "Consecutive failed checkpoints tolerated before the job fails."),
     Option("execution.checkpointing.externalized-checkpoint-retention",
-           _choice("DELETE_ON_CANCELLATION", "RETAIN_ON_CANCELLATION", "NO_EXTERNALIZED_CHECKPOINTS"),
+           choice("DELETE_ON_CANCELLATION", "RETAIN_ON_CANCELLATION", "NO_EXTERNALIZED_CHECKPOINTS"),
            "NO_EXTERNALIZED_CHECKPOINTS", "Whether checkpoints outlive a cancelled job.",
            ("execution.checkpointing.externalized-checkpoint-cleanup",)),
     Option("execution.checkpointing.prefer-checkpoint-for-recovery", parse_bool, "false",
@@ -240,7 +214,7 @@ OPTIONS: tuple[Option, ...] = (
            described=True),
     Option("pipeline.max-parallelism", at_least(parse_int, 1, 32768), "128",
            "Key groups: the most partitions state can ever be split into."),
-    Option("restart-strategy.type", _choice("none", "off", "disable", "fixed-delay", "fixeddelay",
+    Option("restart-strategy.type", choice("none", "off", "disable", "fixed-delay", "fixeddelay",
                                             "failure-rate", "failurerate"),
            "none, or fixed-delay with checkpointing", "Restart strategy of the local runner.",
            ("restart-strategy",), described=True),
@@ -255,7 +229,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.rocksdb.localdir", parse_str, "<temp dir>/statekit-rocksdb",
            "Working directories of RocksDB instances (comma-separated for several).", described=True),
     Option("state.backend.rocksdb.predefined-options",
-           _choice("DEFAULT", "SPINNING_DISK_OPTIMIZED", "SPINNING_DISK_OPTIMIZED_HIGH_MEM",
+           choice("DEFAULT", "SPINNING_DISK_OPTIMIZED", "SPINNING_DISK_OPTIMIZED_HIGH_MEM",
                    "FLASH_SSD_OPTIMIZED"), "DEFAULT", "RocksDB option profile."),
     Option("state.backend.rocksdb.options-factory", parse_str, "(none)",
            "Dotted path of a RocksDBOptionsFactory.", described=True),
@@ -263,7 +237,7 @@ OPTIONS: tuple[Option, ...] = (
            "Threads uploading a RocksDB backend's checkpoint files and downloading them at "
            "restore (all at once, each verified as it lands); the local runner also runs this "
            "many tasks' asynchronous snapshot parts at once."),
-    Option("state.backend.rocksdb.timer-service.factory", _choice("ROCKSDB", "HEAP"), "ROCKSDB",
+    Option("state.backend.rocksdb.timer-service.factory", choice("ROCKSDB", "HEAP"), "ROCKSDB",
            "Where the RocksDB backend keeps timers: `ROCKSDB` (column families, larger than "
            "memory) or `HEAP` (in memory, faster)."),
     Option("state.backend.rocksdb.lazy-restore", parse_bool, "true",
@@ -280,14 +254,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.rocksdb.memory.fixed-per-slot", _POS_SIZE, "(none: 322122552 b)",
            "That budget for one process (default: Flink's managed memory of a 1 GB slot).",
            described=True),
-    Option("state.backend.rocksdb.memory.write-buffer-ratio", _ratio, "0.5",
+    Option("state.backend.rocksdb.memory.write-buffer-ratio", open_ratio, "0.5",
            "Share of the budget memtables may use."),
-    Option("state.backend.rocksdb.memory.high-prio-pool-ratio", _refused(
+    Option("state.backend.rocksdb.memory.high-prio-pool-ratio", refused(
         "the block cache rocksdict offers has no high-priority pool (index and filter blocks "
         "share the cache with data blocks, level-0 ones pinned)"), "(refused)",
            "Refused: rocksdict's block cache has no high-priority pool.", described=True),
     # Flink's configurable options: applied over the profile, below the options factory, when set
-    Option("state.backend.rocksdb.compaction.style", _compaction_style, "(RocksDB's: LEVEL)",
+    Option("state.backend.rocksdb.compaction.style", compaction_style, "(RocksDB's: LEVEL)",
            "`LEVEL` or `UNIVERSAL`; `FIFO` is refused (it deletes state).", described=True),
     Option("state.backend.rocksdb.compaction.level.use-dynamic-size", parse_bool, "(RocksDB's: "
            "true)", "Level sizes follow the last level's.", described=True),
@@ -304,17 +278,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("state.backend.rocksdb.block.blocksize", at_least(parse_size, 1, 2**32 - 1),
            "(RocksDB's: 4 kb)", "Uncompressed size of an SST data block (below 4 gb).",
            described=True),
-    Option("state.backend.rocksdb.block.cache-size", _refused(
+    Option("state.backend.rocksdb.block.cache-size", refused(
         "the memory budget (state.backend.rocksdb.memory.*) sets the block cache, one per "
         "process"), "(refused)", "Refused: the memory budget sets the block cache.", described=True),
-    Option("state.backend.rocksdb.files.open", _open_files, "(RocksDB's: -1)",
+    Option("state.backend.rocksdb.files.open", open_files, "(RocksDB's: -1)",
            "Open files per instance: -1 (no limit) or at least 20.", described=True),
     Option("state.backend.rocksdb.thread.num", _POS_INT, "(RocksDB's: 2)",
            "Background flush and compaction jobs.", described=True),
     # --- heap ---------------------------------------------------------------------------------------
     Option("state.backend.heap.incremental", parse_bool, "false",
            "Incremental (changelog) heap checkpoints."),
-    Option("state.backend.heap.snapshot-mode", _choice("thread", "fork"), "thread",
+    Option("state.backend.heap.snapshot-mode", choice("thread", "fork"), "thread",
            "How asynchronous heap snapshots are written."),
     Option("state.backend.heap.lazy-restore", parse_bool, "true",
            "Restore heap state lazily: keys are indexed at restore and values stay serialized "
@@ -407,11 +381,28 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def normalize(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``config`` with every alias replaced by its canonical key."""
+    """``config`` with every alias replaced by its canonical key; a key and its alias set to
+    different values is a ConfigError (one of them would be dropped silently)."""
     out: dict[str, Any] = {}
+    written: dict[str, str] = {}
     for key, value in (config or {}).items():
-        out[canonical(str(key))] = value
+        name = canonical(str(key))
+        if name in out and _differ(name, out[name], value):
+            raise ConfigError(str(key), f"set to {value!r}, but {written[name]} is set to "
+                              f"{out[name]!r}: they name the same option")
+        out[name], written[name] = value, str(key)
     return out
+
+
+def _differ(key: str, a: Any, b: Any) -> bool:
+    """Whether two values of ``key`` mean different things (parsed where the key is known)."""
+    option = BY_KEY.get(key)
+    if option is not None:
+        try:
+            return bool(option.parse(key, a) != option.parse(key, b))
+        except ConfigError:
+            pass  # the validation names the bad one
+    return str(a).strip().lower() != str(b).strip().lower()
 
 
 def read(config: Mapping[str, Any], key: str) -> Any:

@@ -1,4 +1,5 @@
-"""Parsers of configuration values (durations, sizes, booleans, numbers, enums).
+"""Parsers of configuration values (durations, sizes, booleans, numbers, enums), and of the
+options with rules of their own (RocksDB's compaction style, open files, refused Flink keys).
 
 Shared by every layer that reads flat keys; malformed values raise :class:`ConfigError` naming
 the key.
@@ -137,3 +138,57 @@ def parse_str(key: str, value: Any) -> str:
     if not text:
         raise ConfigError(key, "must not be empty")
     return text
+
+
+# --- parsers of particular options -----------------------------------------------------------
+
+
+def choice(*names: str) -> Callable[[str, Any], str]:
+    """A parser accepting one of ``names`` (case-insensitive, ``_`` for ``-`` accepted)."""
+    allowed = {n.lower().replace("_", "-"): n for n in names}
+
+    def parse(key: str, value: Any) -> str:
+        text = str(getattr(value, "name", value)).strip().lower().replace("_", "-")
+        if text not in allowed:
+            raise ConfigError(key, f"expected one of {', '.join(names)}, got {value!r}")
+        return allowed[text]
+
+    return parse
+
+
+def open_ratio(key: str, value: Any) -> float:
+    """A fraction strictly between 0 and 1 (Flink's rule for memory ratios)."""
+    ratio = parse_float(key, value)
+    if not 0 < ratio < 1:
+        raise ConfigError(key, f"{ratio} is not strictly between 0 and 1")
+    return ratio
+
+
+def refused(why: str) -> Callable[[str, Any], Any]:
+    """The parser of a Flink key that cannot take effect here: setting it is a ConfigError."""
+    def parse(key: str, value: Any) -> Any:
+        raise ConfigError(key, f"cannot take effect: {why}")
+    return parse
+
+
+def materialize_interval(key: str, value: Any) -> int:
+    """A positive duration in ms, or -1 for a negative one (Flink: no periodic materialization)."""
+    text = str(value).strip()
+    if text.startswith("-") and text[1:].strip()[:1].isdigit():
+        return -1
+    return int(at_least(parse_duration_ms, 1)(key, value))
+
+
+def compaction_style(key: str, value: Any) -> str:
+    """LEVEL or UNIVERSAL; FIFO (Flink accepts it) deletes the oldest files, state included."""
+    if str(getattr(value, "name", value)).strip().upper() == "FIFO":
+        raise ConfigError(key, "FIFO compaction deletes the oldest SST files once the database "
+                          "outgrows its limit, which would drop keyed state; use LEVEL or UNIVERSAL")
+    return choice("LEVEL", "UNIVERSAL")(key, value)
+
+
+def open_files(key: str, value: Any) -> int:
+    """-1 (no limit) or at least 20 (RocksDB would raise 1..19 to 20 silently)."""
+    if (count := parse_int(key, value)) != -1 and count < 20:
+        raise ConfigError(key, f"must be -1 (no limit) or at least 20, got {value!r}")
+    return count

@@ -285,6 +285,15 @@ def test_what_cannot_take_effect_is_refused():
     with pytest.raises(ConfigError, match="periodic-materialize"):
         HashMapStateBackend().configure({"state.backend.changelog.periodic-materialize.interval": "1 min"})
     HashMapStateBackend().configure({"state.changelog.enabled": "false"})
+    for key, value in (("state.changelog.storage", "filesystem"),
+                       ("state.backend.changelog.max-failures-allowed", "3")):
+        with pytest.raises(ConfigError, match="cannot take effect"):
+            StreamExecutionEnvironment.get_execution_environment({key: value})
+    never = EmbeddedRocksDBStateBackend().configure(
+        {"state.changelog.periodic-materialize.interval": "-1"})  # Flink: no periodic one
+    assert never.get_materialization_interval() == -1
+    with pytest.raises(ConfigError, match="periodic-materialize"):
+        EmbeddedRocksDBStateBackend().configure({"state.changelog.periodic-materialize.interval": "0"})
     env = StreamExecutionEnvironment.get_execution_environment()
     env.enable_changelog_state_backend(True)
     assert env.is_changelog_state_backend_enabled()
@@ -435,3 +444,36 @@ def test_discarding_the_materialization_keeps_what_later_checkpoints_use(tmp_pat
     other = restored(rocks(), handle, access)
     assert contents(other, 500) == want
     other.dispose()
+
+
+def test_the_tools_show_read_and_verify_a_changelog_checkpoint(tmp_path):
+    from click.testing import CliRunner
+
+    from statekit import ExternalizedCheckpointCleanup
+    from statekit.cli import main
+    from tests.runtime.envs import env_for, expected_final
+    from tests.runtime.test_local import ITEMS, RunningSum
+
+    conf = {"state.changelog.enabled": "true", "execution.checkpointing.interval": "10 ms"}
+    if SHM:
+        conf["state.backend.rocksdb.localdir"] = SHM
+    env = env_for(tmp_path, "rocksdb", **conf)
+    env.get_checkpoint_config().enable_externalized_checkpoints(
+        ExternalizedCheckpointCleanup.RETAIN_ON_CANCELLATION)
+    result = (env.from_collection(ITEMS[:1500]).map(lambda x: time.sleep(0.0002) or x)
+              .key_by(lambda x: x[0]).process(RunningSum()).execute_and_collect())
+
+    def run(*args):
+        done = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    assert "changelog" in run("checkpoints", "list", str(tmp_path / "chk"))
+    assert run("checkpoints", "verify", result.latest_checkpoint).startswith("OK")
+    out = tmp_path / "count.jsonl"
+    run("state", "export", result.latest_checkpoint, "--state", "count", "--to", str(out))
+    import json
+
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["key"]: r["value"] for r in rows} == {
+        k: c for k, (c, _) in expected_final(ITEMS[:1500]).items()}

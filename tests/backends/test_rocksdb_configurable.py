@@ -135,7 +135,7 @@ def test_a_value_rocksdb_would_not_take_is_refused_naming_the_key(key, value, me
 
 
 def test_settings_rocksdb_would_ignore_or_change_are_refused():
-    with pytest.raises(ConfigError, match=r"below writebuffer\.count"):
+    with pytest.raises(ConfigError, match=r"below state\.backend\.rocksdb\.writebuffer\.count"):
         rocks().configure({P + "writebuffer.number-to-merge": 2})  # RocksDB's count: 2
     with pytest.raises(ConfigError, match="LEVEL compaction only"):
         rocks().configure({P + "compaction.style": "universal",
@@ -144,7 +144,7 @@ def test_settings_rocksdb_would_ignore_or_change_are_refused():
     backend = rocks()
     backend.set_predefined_options(PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM)
     backend = backend.configure({P + "writebuffer.number-to-merge": 3})
-    with pytest.raises(ConfigError, match=r"below writebuffer\.count"):
+    with pytest.raises(ConfigError, match=r"below state\.backend\.rocksdb\.writebuffer\.count"):
         backend.set_predefined_options(PredefinedOptions.DEFAULT)
     assert backend.get_predefined_options() is PredefinedOptions.SPINNING_DISK_OPTIMIZED_HIGH_MEM
 

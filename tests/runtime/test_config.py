@@ -140,6 +140,22 @@ def test_flat_keys_and_aliases(tmp_path):
     assert isinstance(env.resolved_state_backend(), HashMapStateBackend)
 
 
+def test_a_key_and_its_alias_set_differently_is_refused():
+    """Both spellings of one option in one configuration: one of them would be dropped."""
+    with pytest.raises(ConfigError, match=r"^state\.backend\.changelog\.enabled: .*state\.changelog"
+                       r"\.enabled is set to 'true': they name the same option"):
+        StreamExecutionEnvironment.get_execution_environment({
+            "state.changelog.enabled": "true", "state.backend.changelog.enabled": "false"})
+    with pytest.raises(ConfigError, match="same option"):
+        StreamExecutionEnvironment.get_execution_environment({
+            "state.backend": "rocksdb", "state.backend.type": "hashmap"})
+    env = StreamExecutionEnvironment.get_execution_environment({  # the same value: fine
+        "state.checkpoints.num-retained": "2", "execution.checkpointing.num-retained": 2,
+        "state.changelog.periodic-materialize.interval": "10 min",
+        "state.backend.changelog.periodic-materialize.interval": "600 s"})
+    assert env.get_checkpoint_config().get_num_retained_checkpoints() == 2
+
+
 def test_legacy_backend_names(tmp_path):
     env = StreamExecutionEnvironment.get_execution_environment(
         {"state.backend": "filesystem", "state.checkpoints.dir": str(tmp_path)})

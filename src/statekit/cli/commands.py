@@ -132,13 +132,15 @@ def list_(path: str, as_json: bool, partitions: bool, storage_options: dict[str,
         job = f"{i.query}/{i.operator}" if spark else i.job
         key = (job, i.batch if spark else i.id, i.kind, i.status if not spark else "")
         when = i.timestamp.strftime("%Y-%m-%d %H:%M:%S") if i.timestamp else None
-        mode = None if i.incremental is None else ("incremental" if i.incremental else "full")
+        mode = ("changelog" if i.changelog else None if i.incremental is None
+                else "incremental" if i.incremental else "full")
         row = rows.get(key)
         if row is None:
             rows[key] = [job, i.batch if spark else i.id, i.kind, i.status, when, i.backend, mode,
                          i.size, i.files, i.partitions or 0]
             continue
         row[3] = row[3] if row[3] == i.status else "mixed"
+        row[6] = row[6] if row[6] == mode else "mixed"
         row[4] = max(filter(None, (row[4], when)), default=None)
         row[7], row[8] = (row[7] or 0) + (i.size or 0), (row[8] or 0) + (i.files or 0)
         row[9] += i.partitions or 0

@@ -172,6 +172,8 @@ def _from_body(body: dict[str, Any], common: dict[str, Any], status: str) -> Che
         **common, batch=int(batch) if isinstance(batch, int) else None, status=status,
         timestamp=timestamp_of(body), backend=str(body.get("backend") or ",".join(backends) or "?"),
         incremental=any(bool(h.get("incremental")) for h in handles), size=size, files=files,
+        changelog=any(isinstance(h.get("changelog"), dict) and bool(h["changelog"].get("segments"))
+                      for h in handles),
         max_parallelism=body.get("max_parallelism") or next(
             (h.get("max_parallelism") for h in handles if h.get("max_parallelism")), None),
         partitions=len(handles))

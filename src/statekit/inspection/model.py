@@ -111,6 +111,9 @@ class CheckpointInfo(_Record):
     operator: str | None = None
     partition: int | None = None
     committed_batch: int | None = None
+    #: a RocksDB changelog checkpoint: its materialization's files and log segments are shared
+    #: with earlier checkpoints
+    changelog: bool = False
 
 
 @dataclass(frozen=True)

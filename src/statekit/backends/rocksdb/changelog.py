@@ -10,6 +10,7 @@ completed checkpoint holds all of it.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -70,7 +71,7 @@ class WalChangelog:
     ``max_log_ratio`` of the materialization's bytes, the next checkpoint materializes)."""
 
     def __init__(self, interval_ms: int, max_log_ratio: float = 0.5) -> None:
-        self.interval = interval_ms / 1000.0
+        self.interval = interval_ms / 1000.0 if interval_ms > 0 else math.inf  # -1: never by time
         self.max_log_ratio = max_log_ratio
         self._lock = threading.Lock()
         self._chain: tuple[dict[str, Any], float] | None = None

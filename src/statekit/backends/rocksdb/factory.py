@@ -236,7 +236,8 @@ class EmbeddedRocksDBStateBackend(StateBackend):
         return bool(self._changelog)
 
     def get_materialization_interval(self) -> int:
-        """Milliseconds between materializations of changelog checkpoints (default 10 min)."""
+        """Milliseconds between materializations of changelog checkpoints (default 10 min; -1:
+        none by time, only by the log's size)."""
         return int(default(_MATERIALIZE_KEY) if self._materialize is None else self._materialize)
 
     def get_max_log_ratio(self) -> float:
