@@ -179,8 +179,10 @@ def run(spark: Any, backend: str, incremental: bool, the_plan: Plan, work: Path)
     inputs, ckpt, skdir = base / "input", base / "ckpt", base / "statekit"
     the_plan.write(inputs)
     skdir.mkdir(parents=True)
-    conf = {"state.backend.type": backend, "state.checkpoints.dir": str(skdir),
-            "state.backend.incremental": str(incremental).lower()}
+    kind, _, changelog = backend.partition("+")  # "rocksdb+changelog": changelog checkpoints
+    conf = {"state.backend.type": kind, "state.checkpoints.dir": str(skdir),
+            "state.backend.incremental": str(incremental).lower(),
+            "state.changelog.enabled": str(changelog == "changelog").lower()}
     timed = Timed(spark, the_plan.batches, conf, ByteMeter(skdir))
     src = spark.readStream.schema("key long, v long").option("maxFilesPerTrigger", 1).parquet(str(inputs))
     t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 """A Spark ``foreach_batch`` micro-batch's latency against the state already held, per backend:
 10,000 rows over 10,000 keys read and rewritten (ValueState of 1 KiB) at 10^4, 10^5 and 10^6
-keys held (about 0.01, 0.1 and 1 GiB) with incremental checkpoints, and at 10^4 and 10^5 with
-full ones (the default: every micro-batch writes the whole state).  Interleaved with each
+keys held (about 0.01, 0.1 and 1 GiB) with incremental checkpoints (RocksDB also with changelog
+checkpoints: ``rocksdb+changelog``), and at 10^4 and 10^5 with full ones (the default: every
+micro-batch writes the whole state).  Interleaved with each
 measured micro-batch: the same micro-batch through a stateless ``foreachBatch`` doing the same
 Python work.  Runs in ``benchmarks/spark_latency_driver.py``; marked ``large`` and ``spark``.
 
@@ -22,7 +23,8 @@ from benchmarks._common import QUICK, loadavg, spark_workdir
 
 pytestmark = [pytest.mark.large, pytest.mark.spark]
 
-CASES = [("hashmap", True), ("rocksdb", True), ("hashmap", False), ("rocksdb", False)]
+CASES = [("hashmap", True), ("rocksdb", True), ("rocksdb+changelog", True), ("hashmap", False),
+         ("rocksdb", False)]
 RESULTS: list[dict[str, Any]] = []
 
 

@@ -13,7 +13,7 @@ from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.errors import ConfigError, CorruptCheckpointError, StateError
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
-from statekit.serde.types import Types, serializer_for
+from statekit.serde.types import Types
 from statekit.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -21,11 +21,8 @@ from statekit.state.descriptors import (
     Time,
     ValueStateDescriptor,
 )
-from tests.tmpfs import rocksdb_dir
+from tests.backends.test_rocksdb import ALL, KEY, SHM, keyed
 
-SHM = rocksdb_dir()
-KEY = serializer_for(Types.STRING())
-ALL = KeyGroupRange(0, 127)
 VALUE = ValueStateDescriptor("v", Types.STRING())
 LIST = ListStateDescriptor("l", Types.LONG())
 MAP = MapStateDescriptor("m", Types.STRING(), Types.LONG())
@@ -37,11 +34,6 @@ def rocks(changelog=True, incremental=True, **config):
     if SHM:
         backend.set_db_storage_paths(SHM)
     return backend
-
-
-def keyed(backend, rng=ALL):
-    return backend.create_keyed_state_backend(key_serializer=KEY, key_group_range=rng,
-                                              max_parallelism=128)
 
 
 def access_of(tmp_path):
@@ -82,6 +74,18 @@ def contents(kb, n):
 def states_of(kb):
     return (kb.get_partitioned_state(VALUE), kb.get_partitioned_state(LIST),
             kb.get_partitioned_state(MAP))
+
+
+def built(kb, access, n, rounds=1, step=9):
+    """``n`` keys written and materialized (checkpoint 1), then ``rounds`` changelog checkpoints,
+    each changing every ``step``-th key: the last one's handle."""
+    st = states_of(kb)
+    write_round(kb, st, range(n), "r0")
+    handle, _ = checkpoint(kb, access, 1)
+    for cid in range(2, rounds + 2):
+        write_round(kb, st, range(cid, n, step), f"r{cid}")
+        handle, _ = checkpoint(kb, access, cid)
+    return handle
 
 
 def restored(backend, handle, access, rng=ALL):
@@ -221,11 +225,7 @@ def test_rescale_and_backend_switch_of_a_changelog_checkpoint(tmp_path):
     access = access_of(tmp_path)
     kb = keyed(rocks())
     try:
-        st = states_of(kb)
-        write_round(kb, st, range(2000), "r0")
-        checkpoint(kb, access, 1)
-        write_round(kb, st, range(0, 2000, 9), "r1")
-        handle, _ = checkpoint(kb, access, 2)
+        handle = built(kb, access, 2000)
         assert handle["changelog"]["segments"]
         want = contents(kb, 2000)
     finally:
@@ -251,12 +251,7 @@ def test_a_missing_or_damaged_segment_is_refused(tmp_path):
     access = access_of(tmp_path)
     kb = keyed(rocks())
     try:
-        st = states_of(kb)
-        write_round(kb, st, range(300), "r0")
-        checkpoint(kb, access, 1)
-        for cid in (2, 3):
-            write_round(kb, st, range(cid, 300, 4), f"r{cid}")
-            handle, _ = checkpoint(kb, access, cid)
+        handle = built(kb, access, 300, rounds=2, step=4)
     finally:
         kb.dispose()
     segments = handle["changelog"]["segments"]
@@ -402,11 +397,7 @@ def test_a_malformed_changelog_is_refused_when_the_metadata_is_read(tmp_path):
     access = access_of(tmp_path)
     kb = keyed(rocks())
     try:
-        st = states_of(kb)
-        write_round(kb, st, range(100), "r0")
-        checkpoint(kb, access, 1)
-        write_round(kb, st, range(0, 100, 3), "r1")
-        handle, _ = checkpoint(kb, access, 2)
+        handle = built(kb, access, 100, step=3)
     finally:
         kb.dispose()
     schema.check_metadata({"tasks": {"t0": handle}}, "chk-2")  # the real one passes

@@ -138,7 +138,7 @@ class RocksDBSnapshotStrategy:
         if chain is not None:
             return self._log_run(checkpoint_id, streams, chain, start)
         # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
-        # so the hard-linked files hold everything written with the WAL disabled
+        # so the hard-linked files hold everything written (a changelog's live logs are copied)
         taken = time.monotonic()
         target = backend.instance_dir / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
         checkpoint = Checkpoint(db)
@@ -155,38 +155,23 @@ class RocksDBSnapshotStrategy:
         limits = {name: meta.ttl.snapshot_limit() for name, meta in metas.items() if meta.ttl}
         expiring = {name: limit for name, limit in limits.items() if limit is not None}
 
-        def run() -> dict[str, Any]:
-            try:
-                if backend.disposed:
-                    raise CheckpointError(_DISPOSED)
-                backend.finish_restore()  # never a checkpoint of restored files not yet checked
-                timers = backend.heap_store.write(heap_timers, streams, savepoint)
-                if savepoint:
-                    handle = self._write_savepoint(target, streams, info, metas)
-                    handle["states"].update(timers)
-                    handle["state_count"] = len(handle["states"])
-                    return handle
-                if expiring:
-                    self._drop_expired_in(target, expiring)
-                handle = self._upload(checkpoint_id, target, streams, info, base)
-                if changelog is not None and position is not None:
-                    changelog.materialized(checkpoint_id, handle, position, taken)
-                if timers:
-                    handle["heap_timers"] = timers
+        def work() -> dict[str, Any]:
+            timers = backend.heap_store.write(heap_timers, streams, savepoint)
+            if savepoint:
+                handle = self._write_savepoint(target, streams, info, metas)
+                handle["states"].update(timers)
+                handle["state_count"] = len(handle["states"])
                 return handle
-            except OSError as exc:  # dispose removed the native checkpoint under the upload
-                if backend.disposed:
-                    raise CheckpointError(_DISPOSED) from exc
-                raise
-            finally:
-                backend.heap_store.release(heap_timers)
-                shutil.rmtree(target, ignore_errors=True)
+            if expiring:
+                self._drop_expired_in(target, expiring)
+            handle = self._upload(checkpoint_id, target, streams, info, base)
+            if changelog is not None and position is not None:
+                changelog.materialized(checkpoint_id, handle, position, taken)
+            if timers:
+                handle["heap_timers"] = timers
+            return handle
 
-        def cancel() -> None:
-            backend.heap_store.release(heap_timers)
-            shutil.rmtree(target, ignore_errors=True)
-
-        return SnapshotRun(run, time.perf_counter() - start, cancel=cancel)
+        return self._run_of(work, heap_timers, target, start)
 
     def _log_run(self, checkpoint_id: int, streams: CheckpointStreams,
                  chain: tuple[dict[str, Any], float], start: float) -> SnapshotRun:
@@ -199,20 +184,30 @@ class RocksDBSnapshotStrategy:
         info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
         heap_timers = backend.heap_store.capture()
 
+        def work() -> dict[str, Any]:
+            timers = backend.heap_store.write(heap_timers, streams, False)
+            handle = changelog.write(checkpoint_id, chain[0], segments, streams, info, chain[1])
+            if timers:
+                handle["heap_timers"] = timers
+            if backend.incremental:
+                backend.track_upload(checkpoint_id, handle["sst"])
+            return handle
+
+        return self._run_of(work, heap_timers, target, start)
+
+    def _run_of(self, work: Callable[[], dict[str, Any]], heap_timers: Any, target: Path,
+                start: float) -> SnapshotRun:
+        """The asynchronous part around ``work``: never of a disposed backend or of restored
+        files not yet checked; the captured heap timers and ``target`` released either way."""
+        backend = self.backend
+
         def run() -> dict[str, Any]:
             try:
                 if backend.disposed:
                     raise CheckpointError(_DISPOSED)
-                backend.finish_restore()
-                timers = backend.heap_store.write(heap_timers, streams, False)
-                handle = changelog.write(checkpoint_id, chain[0], segments, streams, info,
-                                         chain[1])
-                if timers:
-                    handle["heap_timers"] = timers
-                if backend.incremental:
-                    backend.track_upload(checkpoint_id, handle["sst"])
-                return handle
-            except OSError as exc:
+                backend.finish_restore()  # never a checkpoint of restored files not yet checked
+                return work()
+            except OSError as exc:  # dispose removed the native checkpoint under the upload
                 if backend.disposed:
                     raise CheckpointError(_DISPOSED) from exc
                 raise
