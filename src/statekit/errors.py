@@ -89,6 +89,15 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No completed checkpoint or savepoint exists at the requested place."""
 
 
+class MissingFileError(CheckpointNotFoundError):
+    """A file the store was asked for is missing (``path``): a checkpoint's ``_metadata`` (nothing
+    there) or a file some metadata names (damage)."""
+
+    def __init__(self, path: str, message: str | None = None) -> None:
+        super().__init__(message or f"missing checkpoint file {path}")
+        self.path = path
+
+
 class MissingStateError(CheckpointNotFoundError):
     """State that must exist is gone: a query resumed past its first batch finds no statekit
     state (deleted, moved, or held in a driver's memory that ended); never continued from empty."""

@@ -124,7 +124,7 @@ def test_verify_names_every_damaged_file(tmp_path, kind):
     assert not report.ok
     found = {(p.path.rsplit("/", 1)[-1], p.error) for p in report.problems}
     assert (flipped.name, "ChecksumMismatchError") in found
-    assert (deleted.name, "CheckpointNotFoundError") in found
+    assert (deleted.name, "MissingFileError") in found
     # both checkpoints reference the shared files: each is reported as damaged
     assert {p.checkpoint.rsplit("/", 1)[-1] for p in report.problems} == {"chk-1", "chk-2"}
     metadata = tmp_path / "ck" / job.job / "chk-2" / "_metadata"

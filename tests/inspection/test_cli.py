@@ -64,6 +64,20 @@ def test_inspect_shows_partitions_and_states(jobs):
     assert keys == dict.fromkeys(model(), len(KEYS) - len(REMOVED))
 
 
+def test_a_missing_state_file_is_damage_a_missing_checkpoint_is_not_found(tmp_path):
+    job = write_job(str(tmp_path / "ck"), "rocksdb", True, str(tmp_path / "work"))
+    sst = sorted((tmp_path / "ck" / job.job / "shared").iterdir())[0]
+    sst.unlink()
+    for args in (("checkpoints", "inspect", job.path, "--count"),
+                 ("state", "export", job.path, "--state", "count", "--to",
+                  str(tmp_path / "out.csv")),
+                 ("savepoint", "convert", job.path, "--to", str(tmp_path / "sp"))):
+        out = run(*args, code=1)
+        assert "damaged checkpoint" in out and sst.name in out
+    assert "damaged" not in run("checkpoints", "inspect", str(tmp_path / "ck" / "nothing"),
+                                code=2)
+
+
 def test_verify_exit_codes_and_damaged_file(tmp_path):
     job = write_job(str(tmp_path / "ck"), "rocksdb", True, str(tmp_path / "work"))
     assert run("checkpoints", "verify", job.path).startswith("OK")

@@ -11,11 +11,13 @@ from typing import Any
 
 import click
 
+from statekit.checkpoint.layout import METADATA
 from statekit.cli import output
 from statekit.errors import (
     CheckpointNotFoundError,
     ConfigError,
     CorruptCheckpointError,
+    MissingFileError,
     StateError,
     StatekitError,
 )
@@ -48,6 +50,10 @@ def common(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, storage: tuple[str, ...], **kwargs: Any) -> Any:
         try:
             return func(*args, storage_options=_storage_options(storage), **kwargs)
+        except MissingFileError as exc:  # a file the metadata names is gone: damage
+            state_file = not exc.path.rstrip("/").endswith(METADATA)
+            output.error(f"damaged checkpoint: {exc}" if state_file else str(exc))
+            sys.exit(DAMAGED if state_file else NOT_FOUND)
         except CheckpointNotFoundError as exc:
             output.error(str(exc))
             sys.exit(NOT_FOUND)

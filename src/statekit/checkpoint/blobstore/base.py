@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from statekit.checkpoint.blobstore.retry import RetryPolicy, call_typed
-from statekit.errors import CheckpointNotFoundError, UnsafePathError
+from statekit.errors import CheckpointNotFoundError, MissingFileError, UnsafePathError
 
 T = TypeVar("T")
 
@@ -237,5 +237,5 @@ class PathBlobStore(BlobStore):
         try:
             return self._call(f"read {path}", operation)
         except CheckpointNotFoundError as exc:
-            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+            raise MissingFileError(path) from exc
 

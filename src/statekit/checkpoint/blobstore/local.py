@@ -32,7 +32,11 @@ from statekit.checkpoint.blobstore.base import (
 )
 from statekit.checkpoint.blobstore.beneath import open_regular
 from statekit.checkpoint.blobstore.retry import RetryPolicy
-from statekit.errors import CheckpointError, CheckpointNotFoundError, CheckpointStorageError
+from statekit.errors import (
+    CheckpointError,
+    CheckpointStorageError,
+    MissingFileError,
+)
 
 
 class LocalBlobStore(PathBlobStore):
@@ -162,7 +166,7 @@ class LocalBlobStore(PathBlobStore):
         except CheckpointError:
             raise
         except FileNotFoundError as exc:
-            raise CheckpointNotFoundError(f"missing checkpoint file {path}") from exc
+            raise MissingFileError(path) from exc
         except OSError as exc:
             raise CheckpointStorageError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
         advise = getattr(os, "posix_fadvise", None)

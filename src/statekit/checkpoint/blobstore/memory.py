@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 from statekit.checkpoint.blobstore.base import BlobStore, check_key
-from statekit.errors import CheckpointNotFoundError
+from statekit.errors import MissingFileError
 
 
 class MemoryBlobStore(BlobStore):
@@ -39,7 +39,7 @@ class MemoryBlobStore(BlobStore):
         with self._lock:
             blob = self._blobs.get(check_key(key))
         if blob is None:
-            raise CheckpointNotFoundError(f"no blob {key!r} in memory")
+            raise MissingFileError(key, f"no blob {key!r} in memory")
         if start is None:
             return blob
         return blob[start:] if length is None else blob[start:start + length]
