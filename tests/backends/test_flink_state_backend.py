@@ -17,7 +17,8 @@ BACKENDS = {
     "heap-incremental": lambda: HashMapStateBackend(incremental=True),
     "rocksdb-full": lambda: rocks(False),
     "rocksdb-incremental": lambda: rocks(True, threads=2),
-    "rocksdb-changelog": lambda: rocks(True).configure({"state.changelog.enabled": True}),
+    "rocksdb-changelog": lambda: rocks(True).configure({
+        "state.changelog.enabled": True, "state.changelog.periodic-materialize.interval": "1 ms"}),
 }
 
 

@@ -152,43 +152,93 @@ def test_logs_rotated_and_archived_between_checkpoints_stay_exact(tmp_path):
         kb.dispose()
 
 
-def test_materializes_after_the_interval_and_for_a_new_state(tmp_path):
+def _materialization_of(handle):
+    return tuple(sorted(h.get("path", "inline") for h in handle["sst"].values()))
+
+
+def test_the_next_materialization_is_uploaded_by_the_checkpoints_after_the_interval(tmp_path):
+    """Flink materializes between checkpoints: here the checkpoint after the interval takes the
+    native checkpoint and it and the ones after it upload a share each, while they still extend
+    the last materialization; then checkpoints extend the new one.  Exact all along."""
     access = access_of(tmp_path)
-    kb = keyed(rocks(**{"state.changelog.periodic-materialize.interval": "1 ms"}))
+    kb = keyed(rocks(incremental=False, **{  # small files: a share is a few of them
+        "state.changelog.periodic-materialize.interval": "1 ms",
+        "state.backend.rocksdb.writebuffer.size": "64 kb",
+        "state.backend.rocksdb.compaction.level.target-file-size-base": "64 kb"}))
     try:
         st = states_of(kb)
-        write_round(kb, st, range(100), "r0")
-        checkpoint(kb, access, 1)
-        write_round(kb, st, range(10), "r1")
-        handle, _ = checkpoint(kb, access, 2)  # the interval passed: a materialization
-        assert handle["changelog"]["segments"] == []
+        write_round(kb, st, range(3000), "r0")
+        first, full = checkpoint(kb, access, 1)
+        seen, sizes = [], []
+        for cid in range(2, 40):
+            write_round(kb, st, range(cid, 3000, 100), f"r{cid}")
+            handle, written = checkpoint(kb, access, cid)
+            assert handle["changelog"]["segments"]  # never a checkpoint of its own files
+            sizes.append(written / full)
+            seen.append(_materialization_of(handle))
+            if cid % 9 == 0:  # every checkpoint restores exactly, before and after a switch
+                want = contents(kb, 3000)
+                other = restored(rocks(changelog=False), handle, access)
+                assert contents(other, 3000) == want, cid
+                other.dispose()
+        switches = [n for n in range(1, len(seen)) if seen[n] != seen[n - 1]]
+        assert seen[0] == _materialization_of(first) and switches, seen
+        # a share of the materialization (here, of 7 files: one or two each), never all of it
+        assert max(sizes) < 0.5, sizes
     finally:
         kb.dispose()
+
+
+def test_a_materialization_whose_upload_was_aborted_is_uploaded_again(tmp_path):
+    access = access_of(tmp_path)
+    kb = keyed(rocks(incremental=False,
+                     **{"state.changelog.periodic-materialize.interval": "1 ms"}))
+    try:
+        st = states_of(kb)
+        write_round(kb, st, range(2000), "r0")
+        first, _ = checkpoint(kb, access, 1)
+        for cid in range(2, 30):
+            write_round(kb, st, range(cid, 2000, 50), f"r{cid}")
+            handle, _ = checkpoint(kb, access, cid, complete=cid % 3 != 0)
+            if cid % 3 == 0:
+                kb.notify_checkpoint_aborted(cid)  # its share is given back
+        assert _materialization_of(handle) != _materialization_of(first)
+        want = contents(kb, 2000)
+        other = restored(rocks(), handle, access)
+        assert contents(other, 2000) == want
+        other.dispose()
+    finally:
+        kb.dispose()
+
+
+def test_materializes_by_the_log_ratio_and_for_a_new_state(tmp_path):
+    access = access_of(tmp_path)
     kb = keyed(rocks(**{"state.backend.rocksdb.changelog.max-log-ratio": "0.2"}))
     try:
         st = states_of(kb)
         write_round(kb, st, range(1000), "r0")
-        checkpoint(kb, access, 1)
-        shapes = []
-        for cid in range(2, 9):
-            write_round(kb, st, range(0, 1000, 12), f"r{cid}")
+        first, _ = checkpoint(kb, access, 1)
+        for cid in range(2, 40):
+            write_round(kb, st, range(cid, 1000, 50), f"r{cid}")
             handle, _ = checkpoint(kb, access, cid)
-            shapes.append(len(handle["changelog"]["segments"]) > 0)
-        # the logs outgrow a fifth of the materialization after a few rounds: it is taken again
-        assert shapes[0] and not all(shapes), shapes
+        # the logs outgrew a fifth of the materialization after a few rounds: a new one
+        assert _materialization_of(handle) != _materialization_of(first)
+        # bounded: the ratio, plus what is logged while the next one is uploaded
+        assert handle["changelog"]["log_bytes"] < sum(
+            h["size"] for g in ("sst", "misc") for h in handle[g].values())
     finally:
         kb.dispose()
     kb = keyed(rocks())
     try:
         st = states_of(kb)
         write_round(kb, st, range(100), "r0")
-        checkpoint(kb, access, 3)
+        checkpoint(kb, access, 101)
         write_round(kb, st, range(10), "r1")
-        assert checkpoint(kb, access, 4)[0]["changelog"]["segments"]
+        assert checkpoint(kb, access, 102)[0]["changelog"]["segments"]
         extra = kb.get_partitioned_state(ValueStateDescriptor("extra", Types.LONG()))
         kb.set_current_key("k1")
         extra.update(7)  # a column family the materialization lacks: materialize again
-        handle, _ = checkpoint(kb, access, 5)
+        handle, _ = checkpoint(kb, access, 103)
         assert handle["changelog"]["segments"] == [] and "extra" in handle["states"]
         other = restored(rocks(), handle, access)
         other.set_current_key("k1")

@@ -42,8 +42,9 @@ class TestRocksDBIncremental(BackendConformance):
 
 
 def _changelog():
+    """Changelog checkpoints whose next materialization is always on its way (1 ms)."""
     return rocks(True).configure({"state.changelog.enabled": True,
-                                  "state.backend.rocksdb.changelog.max-log-ratio": 4})
+                                  "state.changelog.periodic-materialize.interval": "1 ms"})
 
 
 class TestRocksDBChangelog(BackendConformance):

@@ -40,7 +40,8 @@ class TestRocksDBChangelogTimers(TimerConformance):
 
     @pytest.fixture
     def state_backend(self):
-        return EmbeddedRocksDBStateBackend(True).configure({"state.changelog.enabled": True})
+        return EmbeddedRocksDBStateBackend(True).configure({
+            "state.changelog.enabled": True, "state.changelog.periodic-materialize.interval": "1 ms"})
 
 
 def _heap_timers(incremental=None):

@@ -336,7 +336,7 @@ def test_random_lineages_on_rocksdb_changelog_checkpoints(tmp_path, seed):
     from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 
     backend = EmbeddedRocksDBStateBackend(True).configure({
-        "state.changelog.enabled": True, "state.backend.rocksdb.changelog.max-log-ratio": 50})
+        "state.changelog.enabled": True, "state.changelog.periodic-materialize.interval": "1 ms"})
     _random_lineage(tmp_path, seed, backend)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from statekit.backends.base import StateMeta
+from statekit.backends.rocksdb.ahead import Ahead
 from statekit.checkpoint import schema
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
@@ -75,7 +76,10 @@ class WalChangelog:
         self.max_log_ratio = max_log_ratio
         self._lock = threading.Lock()
         self._chain: tuple[dict[str, Any], float] | None = None
+        self._chain_from = -1  # the checkpoint that established the chain's materialization
         self._pending: dict[int, tuple[dict[str, Any], float]] = {}
+        #: the next materialization, uploaded a share per checkpoint (:mod:`~.ahead`)
+        self.ahead: Ahead | None = None
 
     @staticmethod
     def check_state(meta: StateMeta) -> None:
@@ -86,21 +90,33 @@ class WalChangelog:
             raise StateError(f"state '{meta.name}': cleanup_full_snapshot does not apply to "
                              "changelog checkpoints; use cleanup_in_rocksdb_compact_filter")
 
-    def extends(self, families: set[str]) -> tuple[dict[str, Any], float] | None:
-        """The completed handle the next checkpoint may extend with logs (and when its
-        materialization was taken), or None when it must materialize: none yet, the interval
-        passed, the logs outgrew their share (a restore replays them), or a column family in
-        ``families`` its materialization lacks (a log entry of a column family the restored
-        database would not know)."""
+    def plan(self, checkpoint_id: int, families: set[str]
+             ) -> tuple[tuple[dict[str, Any], float] | None, bool]:
+        """What checkpoint ``checkpoint_id`` does: ``(chain, start)``.  ``chain``: the handle it
+        extends with logs (and when its materialization was taken), switched to the
+        materialization uploaded meanwhile once it is; None when it must materialize itself
+        (none yet, or a column family in ``families`` its materialization lacks: a log entry
+        of a column family the restored database would not know).  ``start``: whether it also
+        takes the next materialization, to be uploaded by the checkpoints after it (the
+        interval passed, or the logs outgrew their share: a restore replays them)."""
         with self._lock:
-            chain = self._chain
-        if chain is None or time.monotonic() - chain[1] >= self.interval:
-            return None
+            chain, ahead = self._chain, self.ahead
+        if chain is not None and ahead is not None and ahead.done:
+            chain = (ahead.chain(chain[0]), ahead.taken)
+            ahead.discard()
+            with self._lock:
+                self._chain, self._chain_from, self.ahead = chain, checkpoint_id, None
+            ahead = None
+        if chain is None or not families <= set(chain[0]["changelog"]["families"]):
+            if ahead is not None:
+                ahead.discard()
+                self.ahead = None
+            return None, False
         handle = chain[0]
         base = sum(int(h.get("size", 0)) for group in ("sst", "misc") for h in handle[group].values())
-        if handle["changelog"]["log_bytes"] > self.max_log_ratio * base:
-            return None
-        return chain if families <= set(handle["changelog"]["families"]) else None
+        due = (time.monotonic() - chain[1] >= self.interval
+               or handle["changelog"]["log_bytes"] > self.max_log_ratio * base)
+        return chain, due and ahead is None
 
     @staticmethod
     def position(target: Path, db_path: Path, families: list[str]) -> dict[str, Any]:
@@ -173,8 +189,12 @@ class WalChangelog:
             done = self._pending.pop(checkpoint_id, None)
             for cid in [c for c in self._pending if c < checkpoint_id]:
                 del self._pending[cid]
-            if done is None:
-                return
+            ahead = self.ahead
+        if ahead is not None:
+            ahead.complete(checkpoint_id)
+        with self._lock:
+            if done is None or checkpoint_id < self._chain_from:
+                return  # (a checkpoint of the chain before a switch: not extended again)
             self._chain = done
         log = done[0]["changelog"]
         ends = {int(n): size for n, size in log["starts"].items()}
@@ -189,6 +209,9 @@ class WalChangelog:
     def aborted(self, checkpoint_id: int) -> None:
         with self._lock:
             self._pending.pop(checkpoint_id, None)
+            ahead = self.ahead
+        if ahead is not None:
+            ahead.aborted(checkpoint_id)
 
 
 def check_changelog(task: dict[str, Any], path: str) -> None:

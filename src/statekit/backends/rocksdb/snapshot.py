@@ -21,6 +21,7 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
 from statekit.backends.kvschema import check_kind, check_state_count
+from statekit.backends.rocksdb.ahead import Ahead
 from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
@@ -134,9 +135,10 @@ class RocksDBSnapshotStrategy:
         for name in backend.state_names():
             backend.cf(name)  # restored-but-unregistered states are column families too
         changelog = None if savepoint else backend.changelog
-        chain = None if changelog is None else changelog.extends(set(backend.cfs))
-        if chain is not None:
-            return self._log_run(checkpoint_id, streams, chain, start)
+        if changelog is not None:
+            chain, ahead = changelog.plan(checkpoint_id, set(backend.cfs))
+            if chain is not None:
+                return self._log_run(checkpoint_id, streams, chain, ahead, start)
         # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
         # so the hard-linked files hold everything written (a changelog's live logs are copied)
         taken = time.monotonic()
@@ -174,18 +176,36 @@ class RocksDBSnapshotStrategy:
         return self._run_of(work, heap_timers, target, start)
 
     def _log_run(self, checkpoint_id: int, streams: CheckpointStreams,
-                 chain: tuple[dict[str, Any], float], start: float) -> SnapshotRun:
+                 chain: tuple[dict[str, Any], float], start_ahead: bool, start: float
+                 ) -> SnapshotRun:
         """A changelog checkpoint: the logs written since ``chain`` (hard links now), uploaded
-        by the run on top of ``chain``'s materialization."""
+        by the run on top of ``chain``'s materialization, with a share of the next
+        materialization (taken now when ``start_ahead``)."""
         backend, changelog = self.backend, self.backend.changelog
         assert changelog is not None
         target = backend.instance_dir / f"log-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
         segments = changelog.capture(backend.db, backend.db_path, chain[0], target)
         info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
+        if start_ahead:  # right after the capture: the logs end where the materialization starts
+            taken = time.monotonic()
+            native = backend.instance_dir / f"mat-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
+            checkpoint = Checkpoint(backend.db)
+            try:
+                checkpoint.create_checkpoint(str(native))
+            finally:
+                del checkpoint
+            changelog.ahead = Ahead(
+                native, changelog.position(native, backend.db_path, list(backend.cfs)), info,
+                handle_header(backend, ROCKSDB_FORMAT), backend.incremental,
+                dict(backend.confirmed), taken)
+        ahead = changelog.ahead
+        share = ahead.assign(checkpoint_id) if ahead is not None else []
         heap_timers = backend.heap_store.capture()
 
         def work() -> dict[str, Any]:
             timers = backend.heap_store.write(heap_timers, streams, False)
+            if share:
+                ahead.upload(checkpoint_id, share, streams, self._write_file)
             handle = changelog.write(checkpoint_id, chain[0], segments, streams, info, chain[1])
             if timers:
                 handle["heap_timers"] = timers
@@ -313,15 +333,9 @@ class RocksDBSnapshotStrategy:
                     continue
             todo.append(path)
         incremental = backend.incremental
-        # a materialization's files outlive its checkpoint: changelog checkpoints reference them
-        changelog = backend.changelog is not None
 
         def upload(path: Path) -> tuple[str, dict[str, Any]]:
-            # streamed: a kernel copy / streamed upload, the crc computed alongside
-            sst = path.suffix == ".sst"
-            inline = path.stat().st_size < streams.inline_threshold  # carried in each handle
-            shared = path.name if (incremental and sst) or (changelog and not inline) else None
-            return path.name, streams.write_file(path, state_name=path.name, shared_name=shared)
+            return self._write_file(path, streams)
 
         misc: dict[str, dict[str, Any]] = {}
         for name, handle in backend.pool_map(upload, todo):
@@ -337,6 +351,17 @@ class RocksDBSnapshotStrategy:
             "misc": misc,
             "reused_sst": reused,
         }
+
+    def _write_file(self, path: Path, streams: CheckpointStreams) -> tuple[str, dict[str, Any]]:
+        """One file of a native checkpoint, streamed (a kernel copy or a streamed upload, the CRC
+        computed alongside): shared when incremental checkpoints reuse it (SSTs) or changelog
+        checkpoints reference it after its own checkpoint is gone; inline when small."""
+        backend = self.backend
+        sst = path.suffix == ".sst"
+        inline = path.stat().st_size < streams.inline_threshold  # carried in each handle
+        shared = (path.name if (backend.incremental and sst)
+                  or (backend.changelog is not None and not inline) else None)
+        return path.name, streams.write_file(path, state_name=path.name, shared_name=shared)
 
     def _write_savepoint(self, target: Path, streams: CheckpointStreams, info: dict[str, Any],
                          metas: dict[str, StateMeta]) -> dict[str, Any]:
