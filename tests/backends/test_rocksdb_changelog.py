@@ -463,22 +463,28 @@ def test_a_malformed_changelog_is_refused_when_the_metadata_is_read(tmp_path):
                                   "chk-2")
 
 
-@pytest.mark.parametrize("incremental", [False, True])
-def test_discarding_the_materialization_keeps_what_later_checkpoints_use(tmp_path, incremental):
+@pytest.mark.parametrize(("incremental", "interval"),
+                         [(False, "10 min"), (True, "10 min"), (False, "1 ms"), (True, "1 ms")])
+def test_discarding_the_materialization_keeps_what_later_checkpoints_use(tmp_path, incremental,
+                                                                         interval):
     """Every file of a materialization is shared: a changelog checkpoint still needs them after
-    the checkpoint that wrote them was discarded (threshold 0: no file inline)."""
+    the checkpoint that wrote them was discarded (threshold 0: no file inline); so are the
+    shares of the next one, referenced by each checkpoint that carries them (1 ms)."""
     storage = FileSystemCheckpointStorage(str(tmp_path / "chk"), file_state_size_threshold=0)
     access = storage.create_access("job")
-    kb = keyed(rocks(incremental=incremental))
+    kb = keyed(rocks(incremental=incremental,
+                     **{"state.changelog.periodic-materialize.interval": interval}))
     try:
         st = states_of(kb)
         write_round(kb, st, range(500), "r0")
-        checkpoint(kb, access, 1)
-        for cid in (2, 3):
+        first, _ = checkpoint(kb, access, 1)
+        for cid in range(2, 16 if interval == "1 ms" else 4):
             write_round(kb, st, range(cid, 500, 7), f"r{cid}")
             handle, _ = checkpoint(kb, access, cid)
             access.discard(cid - 1, [cid])  # only the newest is kept
         assert handle["changelog"]["segments"]
+        if interval == "1 ms":  # the materialization switched meanwhile
+            assert _materialization_of(handle) != _materialization_of(first)
         want = contents(kb, 500)
     finally:
         kb.dispose()

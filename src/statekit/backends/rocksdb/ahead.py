@@ -49,11 +49,11 @@ class Ahead:
         self._lock = threading.Lock()
 
     def assign(self, checkpoint_id: int) -> list[Path]:
-        """The files checkpoint ``checkpoint_id``'s run uploads: ``AHEAD_SHARE`` of the whole,
-        at least one file while any is left."""
+        """The files checkpoint ``checkpoint_id``'s run uploads: up to ``AHEAD_SHARE`` of the
+        whole, at least one file while any is left."""
         budget, picked = AHEAD_SHARE * self.total, []
         with self._lock:
-            while self.todo and (not picked or budget > 0):
+            while self.todo and (not picked or self.todo[0].stat().st_size <= budget):
                 path = self.todo.pop(0)
                 budget -= path.stat().st_size
                 picked.append(path)
@@ -69,6 +69,12 @@ class Ahead:
         with self._lock:
             if checkpoint_id in self._assigned:
                 self._staged[checkpoint_id] = staged
+
+    def referenced(self, checkpoint_id: int) -> dict[str, dict[str, Any]]:
+        """What checkpoint ``checkpoint_id`` references of this materialization: the files
+        uploaded so far and its own share."""
+        with self._lock:
+            return {**self.uploaded, **self._staged.get(checkpoint_id, {})}
 
     def complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: its files are uploaded; earlier checkpoints

@@ -162,8 +162,11 @@ class WalChangelog:
         return segments
 
     def write(self, checkpoint_id: int, chain: dict[str, Any], segments: list[Segment],
-              streams: CheckpointStreams, info: dict[str, Any], taken: float) -> dict[str, Any]:
-        """Upload the captured log ranges; the handle is ``chain``'s materialization with them."""
+              streams: CheckpointStreams, info: dict[str, Any], taken: float,
+              upcoming: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Upload the captured log ranges; the handle is ``chain``'s materialization with them,
+        and ``upcoming``: the next materialization's files uploaded so far (referenced, so that
+        retention, aborts and local copies treat them as this checkpoint's)."""
         written = []
         for number, begin, end, link in segments:
             with open(link, "rb") as f:
@@ -177,8 +180,11 @@ class WalChangelog:
         log = chain["changelog"]
         handle = {key: value for key, value in chain.items() if key != "heap_timers"}
         handle.update(states=info, state_count=len(info), reused_sst=len(chain["sst"]))
-        handle["changelog"] = {**log, "segments": [*log["segments"], *written],
+        handle["changelog"] = {**{k: v for k, v in log.items() if k != "next"},
+                               "segments": [*log["segments"], *written],
                                "log_bytes": log["log_bytes"] + sum(s["size"] for s in written)}
+        if upcoming:
+            handle["changelog"]["next"] = upcoming
         with self._lock:
             self._pending[checkpoint_id] = (handle, taken)
         return handle
@@ -235,6 +241,10 @@ def check_changelog(task: dict[str, Any], path: str) -> None:
             schema.integer(seg.get(key), f"{at}.{key}", 0)
         if schema.handle(seg.get("data"), f"{at}.data") != seg["size"]:
             raise schema.fail(f"{at}.size", "differs from the size of its data")
+    for name, file in schema.mapping(log.get("next", {}), f"{where}.next").items():
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise schema.fail(f"{where}.next", f"unsafe file name {name!r}")
+        schema.handle(file, f"{where}.next.{name}")
 
 
 def append_logs(handle: dict[str, Any], reader: StateReader, dest: Path) -> None:

@@ -206,7 +206,9 @@ class RocksDBSnapshotStrategy:
             timers = backend.heap_store.write(heap_timers, streams, False)
             if share:
                 ahead.upload(checkpoint_id, share, streams, self._write_file)
-            handle = changelog.write(checkpoint_id, chain[0], segments, streams, info, chain[1])
+            upcoming = ahead.referenced(checkpoint_id) if ahead is not None else None
+            handle = changelog.write(checkpoint_id, chain[0], segments, streams, info, chain[1],
+                                     upcoming)
             if timers:
                 handle["heap_timers"] = timers
             if backend.incremental:
