@@ -14,6 +14,7 @@ from statekit.backends.rocksdb import EmbeddedRocksDBStateBackend
 from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
 from statekit.checkpoint.jobmanager import JobManagerCheckpointStorage
 from statekit.testing.conformance import BackendConformance
+from statekit.testing.conformance.storage import STORAGE_KINDS, make_storage
 from statekit.testing.stateful import model_test
 from tests.tmpfs import rocksdb_dir
 
@@ -48,11 +49,17 @@ def _changelog():
 
 
 class TestRocksDBChangelog(BackendConformance):
-    """Changelog checkpoints: the write-ahead log on top of a materialization."""
+    """Changelog checkpoints: the write-ahead log on top of a materialization (file storage in
+    the default run; the storages behave alike for every backend above)."""
 
     @pytest.fixture
     def state_backend(self):
         return _changelog()
+
+    @pytest.fixture(params=[k if k == "filesystem" else pytest.param(k, marks=pytest.mark.heavy)
+                            for k in STORAGE_KINDS])
+    def checkpoint_storage(self, request, tmp_path):
+        return make_storage(request.param, tmp_path)
 
 
 def _fs_storage():
