@@ -139,9 +139,10 @@ OPTIONS: tuple[Option, ...] = (
            ("execution.checkpointing.async",)),
     Option("state.changelog.enabled", parse_bool, "false", "RocksDB: checkpoints upload the "
            "write-ahead log between materializations.", ("state.backend.changelog.enabled",)),
-    Option("state.changelog.periodic-materialize.interval", materialize_interval, "10 min", "Changelog: "
-           "the first checkpoint this long after a materialization materializes (negative: never "
-           "by time, as in Flink).", ("state.backend.changelog.periodic-materialize.interval",)),
+    Option("state.changelog.periodic-materialize.interval", materialize_interval, "10 min",
+           "Changelog: the next materialization starts at the first checkpoint this long after "
+           "the last (negative: never by time, as in Flink).",
+           ("state.backend.changelog.periodic-materialize.interval",)),
     Option("state.changelog.storage", refused(
         "the changelog is RocksDB's write-ahead log, uploaded to the checkpoint storage"),
         "(refused)", "Refused: the changelog goes to the checkpoint storage.",
@@ -152,7 +153,7 @@ OPTIONS: tuple[Option, ...] = (
         "Refused: a failed materialization fails its checkpoint.",
         ("state.backend.changelog.max-failures-allowed",), described=True),
     Option("state.backend.rocksdb.changelog.max-log-ratio", at_least(parse_float, 1e-9, 1e9), "0.5",
-           "Changelog: materialize once the logs exceed this share of the materialization."),
+           "Changelog: the next materialization starts once the logs exceed this share of the last."),
     Option("state.checkpoints.num-retained", _POS_INT, "1", "Completed checkpoints retained.",
            ("execution.checkpointing.num-retained",)),
     Option("state.storage.fs.memory-threshold", at_least(parse_size, 0, 1 << 20), "20 kb",
