@@ -104,6 +104,17 @@ def handle(value: Any, path: str) -> int:
     return size
 
 
+def files(value: Any, path: str) -> dict[str, Any]:
+    """Check a mapping of plain file names (no directories, not hidden) to handles."""
+    found = mapping(value, path)
+    for name, blob in found.items():
+        text(name, path)
+        if not name or "/" in name or name.startswith(".") or "\x00" in name:
+            raise fail(path, f"unsafe file name {name!r}")
+        handle(blob, f"{path}.{name}")
+    return found
+
+
 def locations(value: Any, path: str, size: int) -> list[list[int]]:
     """``[offset, length, crc]`` triples in ascending order, each inside ``size`` bytes."""
     end = 0

@@ -19,10 +19,25 @@ from typing import Any
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError
 
-__all__ = ["AHEAD_SHARE", "Ahead"]
+__all__ = ["AHEAD_SHARE", "Ahead", "reusable"]
 
 #: the share of a materialization each following checkpoint uploads (at least one file)
 AHEAD_SHARE = 0.05
+
+
+def reusable(target: Path, base: dict[str, dict[str, Any]]
+             ) -> tuple[dict[str, dict[str, Any]], list[Path]]:
+    """A native checkpoint's files in ``target``: the SSTs ``base`` (the last confirmed
+    checkpoint's) holds already, same name and size, by name; and the files to upload."""
+    reused: dict[str, dict[str, Any]] = {}
+    todo: list[Path] = []
+    for path in sorted(p for p in target.iterdir() if p.is_file()):
+        previous = base.get(path.name) if path.suffix == ".sst" else None
+        if previous is not None and previous.get("size") == path.stat().st_size:
+            reused[path.name] = previous
+        else:
+            todo.append(path)
+    return reused, todo
 
 
 class Ahead:
@@ -34,14 +49,7 @@ class Ahead:
                  taken: float) -> None:
         self.target, self.position, self.info, self.taken = target, position, info, taken
         self.header, self.incremental = header, incremental
-        self.reused: dict[str, dict[str, Any]] = {}
-        self.todo: list[Path] = []
-        for path in sorted(p for p in target.iterdir() if p.is_file()):
-            previous = base.get(path.name) if path.suffix == ".sst" else None
-            if previous is not None and previous.get("size") == path.stat().st_size:
-                self.reused[path.name] = previous
-            else:
-                self.todo.append(path)
+        self.reused, self.todo = reusable(target, base)
         self.total = sum(p.stat().st_size for p in self.todo)
         self.uploaded: dict[str, dict[str, Any]] = {}
         self._assigned: dict[int, list[Path]] = {}

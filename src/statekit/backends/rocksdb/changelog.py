@@ -54,6 +54,14 @@ def log_files(db_path: Path) -> dict[int, Path]:
     return found
 
 
+def _ends(log: dict[str, Any]) -> dict[int, int]:
+    """Where each log ends in a changelog handle: the materialization's copies, then segments."""
+    ends = {int(n): size for n, size in log["starts"].items()}
+    for seg in log["segments"]:
+        ends[seg["log"]] = seg["offset"] + seg["size"]
+    return ends
+
+
 def _link(number: int, path: Path, db_path: Path, target: Path) -> Path:
     """Hard-link log ``number`` into ``target`` (RocksDB may archive it while we look)."""
     link = target / f"{number:06d}.log"
@@ -143,9 +151,7 @@ class WalChangelog:
         hard-linked into ``target`` with the byte range to upload."""
         db.flush_wal(False)
         log = chain["changelog"]
-        ends = {int(n): size for n, size in log["starts"].items()}
-        for seg in log["segments"]:
-            ends[seg["log"]] = seg["offset"] + seg["size"]
+        ends = _ends(log)
         target.mkdir(parents=True)
         segments: list[Segment] = []
         for number, path in sorted(log_files(db_path).items()):
@@ -203,9 +209,7 @@ class WalChangelog:
                 return  # (a checkpoint of the chain before a switch: not extended again)
             self._chain = done
         log = done[0]["changelog"]
-        ends = {int(n): size for n, size in log["starts"].items()}
-        for seg in log["segments"]:
-            ends[seg["log"]] = seg["offset"] + seg["size"]
+        ends = _ends(log)
         for number, path in log_files(db_path).items():
             if path.parent.name != "archive":
                 continue
@@ -241,10 +245,7 @@ def check_changelog(task: dict[str, Any], path: str) -> None:
             schema.integer(seg.get(key), f"{at}.{key}", 0)
         if schema.handle(seg.get("data"), f"{at}.data") != seg["size"]:
             raise schema.fail(f"{at}.size", "differs from the size of its data")
-    for name, file in schema.mapping(log.get("next", {}), f"{where}.next").items():
-        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-            raise schema.fail(f"{where}.next", f"unsafe file name {name!r}")
-        schema.handle(file, f"{where}.next.{name}")
+    schema.files(log.get("next", {}), f"{where}.next")
 
 
 def append_logs(handle: dict[str, Any], reader: StateReader, dest: Path) -> None:

@@ -21,7 +21,7 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
 from statekit.backends.kvschema import check_kind, check_state_count
-from statekit.backends.rocksdb.ahead import Ahead
+from statekit.backends.rocksdb.ahead import Ahead, reusable
 from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
@@ -45,11 +45,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
         where = f"{path}.states.{schema.state_name(name, f'{path}.states')}"
         check_kind(schema.mapping(info, where), where)
     for group in ("sst", "misc"):
-        for name, handle in schema.mapping(task.get(group, {}), f"{path}.{group}").items():
-            schema.text(name, f"{path}.{group}")
-            if not name or "/" in name or name.startswith(".") or "\x00" in name:
-                raise schema.fail(f"{path}.{group}", f"unsafe file name {name!r}")
-            schema.handle(handle, f"{path}.{group}.{name}")
+        schema.files(task.get(group, {}), f"{path}.{group}")
     check_state_count(task, task.get("states"), path)
     misc = task.get("misc", {})
     if "CURRENT" not in misc or not any(name.startswith("MANIFEST-") for name in misc):
@@ -139,15 +135,8 @@ class RocksDBSnapshotStrategy:
             chain, ahead = changelog.plan(checkpoint_id, set(backend.cfs))
             if chain is not None:
                 return self._log_run(checkpoint_id, streams, chain, ahead, start)
-        # create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
-        # so the hard-linked files hold everything written (a changelog's live logs are copied)
         taken = time.monotonic()
-        target = backend.instance_dir / f"chk-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
-        checkpoint = Checkpoint(db)
-        try:
-            checkpoint.create_checkpoint(str(target))
-        finally:
-            del checkpoint
+        target = self._native_checkpoint(f"chk-{checkpoint_id}")
         position = (None if changelog is None
                     else changelog.position(target, backend.db_path, list(backend.cfs)))
         info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
@@ -175,6 +164,18 @@ class RocksDBSnapshotStrategy:
 
         return self._run_of(work, heap_timers, target, start)
 
+    def _native_checkpoint(self, name: str) -> Path:
+        """A native checkpoint of the database beside it (hard links), in a fresh directory.
+        create_checkpoint flushes every column family's memtable first (log_size_for_flush=0),
+        so the files hold everything written (a changelog's live logs are copied)."""
+        target = self.backend.instance_dir / f"{name}-{uuid.uuid4().hex[:8]}"
+        checkpoint = Checkpoint(self.backend.db)
+        try:
+            checkpoint.create_checkpoint(str(target))
+        finally:
+            del checkpoint
+        return target
+
     def _log_run(self, checkpoint_id: int, streams: CheckpointStreams,
                  chain: tuple[dict[str, Any], float], start_ahead: bool, start: float
                  ) -> SnapshotRun:
@@ -188,12 +189,7 @@ class RocksDBSnapshotStrategy:
         info = {name: dict(backend.state_info[name]) for name in backend.state_names()}
         if start_ahead:  # right after the capture: the logs end where the materialization starts
             taken = time.monotonic()
-            native = backend.instance_dir / f"mat-{checkpoint_id}-{uuid.uuid4().hex[:8]}"
-            checkpoint = Checkpoint(backend.db)
-            try:
-                checkpoint.create_checkpoint(str(native))
-            finally:
-                del checkpoint
+            native = self._native_checkpoint(f"mat-{checkpoint_id}")
             changelog.ahead = Ahead(
                 native, changelog.position(native, backend.db_path, list(backend.cfs)), info,
                 handle_header(backend, ROCKSDB_FORMAT), backend.incremental,
@@ -322,18 +318,8 @@ class RocksDBSnapshotStrategy:
                 info: dict[str, Any], base: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """Upload the native checkpoint's files (reusing the base's SSTs when incremental)."""
         backend = self.backend
-        files = sorted(p for p in target.iterdir() if p.is_file())
-        sst: dict[str, dict[str, Any]] = {}
-        reused = 0
-        todo = []
-        for path in files:
-            if path.suffix == ".sst":
-                previous = base.get(path.name)
-                if previous is not None and previous.get("size") == path.stat().st_size:
-                    sst[path.name] = previous
-                    reused += 1
-                    continue
-            todo.append(path)
+        sst, todo = reusable(target, base)
+        reused = len(sst)
         incremental = backend.incremental
 
         def upload(path: Path) -> tuple[str, dict[str, Any]]:
