@@ -2,6 +2,7 @@
 materializations a checkpoint uploads the write-ahead log written since the last one."""
 
 import os
+import random
 import time
 
 import pytest
@@ -10,7 +11,12 @@ from statekit.backends.heap import HashMapStateBackend
 from statekit.backends.rocksdb import ROCKSDB_FORMAT, EmbeddedRocksDBStateBackend
 from statekit.backends.transfer import restore_into
 from statekit.checkpoint.filesystem import FileSystemCheckpointStorage
-from statekit.errors import ConfigError, CorruptCheckpointError, StateError
+from statekit.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    CorruptCheckpointError,
+    StateError,
+)
 from statekit.runtime.environment import StreamExecutionEnvironment
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.types import Types
@@ -153,7 +159,8 @@ def test_logs_rotated_and_archived_between_checkpoints_stay_exact(tmp_path):
 
 
 def _materialization_of(handle):
-    return tuple(sorted(h.get("path", "inline") for h in handle["sst"].values()))
+    files = [*handle["sst"].values(), *(p for ps in handle.get("pieces", {}).values() for p in ps)]
+    return tuple(sorted(h.get("path", "inline") for h in files))
 
 
 def test_the_next_materialization_is_uploaded_by_the_checkpoints_after_the_interval(tmp_path):
@@ -322,6 +329,103 @@ def test_a_missing_or_damaged_segment_is_refused(tmp_path):
     with pytest.raises(CorruptCheckpointError):
         other.restore([handle], access.reader())
     other.dispose()
+
+
+def _large_sst_on_its_way(tmp_path, n=6000):
+    """A small materialization (checkpoint 1), then ``n`` KiB of new values flushed into one SST
+    file by the native checkpoint of the next materialization (checkpoint 2): far more than a
+    share, so uploaded in pieces by the checkpoints after it, until they switch to it."""
+    access = access_of(tmp_path)
+    kb = keyed(rocks(**{"state.changelog.periodic-materialize.interval": "1 ms"}))
+    v = kb.get_partitioned_state(VALUE)
+    rng = random.Random(5)
+    for i in range(50):
+        kb.set_current_key(f"k{i}")
+        v.update("small")
+    checkpoint(kb, access, 1)
+    for i in range(n):  # incompressible: the SST file holds them at full size
+        kb.set_current_key(f"k{i}")
+        v.update(rng.randbytes(512).hex())
+    _, log_bytes = checkpoint(kb, access, 2)
+    rounds, cid = [], 3
+    while cid < 60:
+        kb.set_current_key(f"k{cid}")
+        v.update(f"round {cid}")
+        handle, written = checkpoint(kb, access, cid)
+        rounds.append(written)
+        if "pieces" in handle:
+            break
+        cid += 1
+    return kb, access, handle, rounds, log_bytes
+
+
+def _values(kb, n=6000):
+    v = kb.get_partitioned_state(VALUE)
+    out = {}
+    for i in range(n):
+        kb.set_current_key(f"k{i}")
+        out[i] = v.value()
+    return out
+
+
+def test_an_sst_larger_than_a_share_is_uploaded_in_pieces(tmp_path):
+    """No checkpoint carries one large SST file whole (the round that would upload it uploads
+    one piece); a restore joins the pieces, exactly; the next materialization reuses the file
+    by its pieces; a damaged or missing piece is a typed error."""
+    from statekit.backends.rocksdb.ahead import MIN_PIECE
+
+    kb, access, handle, rounds, log_bytes = _large_sst_on_its_way(tmp_path)
+    (name, pieces), = handle["pieces"].items()
+    size = sum(p["size"] for p in pieces)
+    try:
+        want = _values(kb)
+        for cid in (80, 81):  # the next materializations reuse the file by its pieces
+            later, written = checkpoint(kb, access, cid)
+            assert written < 0.2 * size and later["pieces"] == handle["pieces"], written
+    finally:
+        kb.dispose()
+    assert size >= 0.8 * log_bytes and len(pieces) >= 3, (size, log_bytes, len(pieces))
+    assert max(p["size"] for p in pieces) <= max(MIN_PIECE, size // 2)
+    assert max(rounds) < 0.5 * size, rounds  # a piece (and a log) per round, never the file
+    other = restored(rocks(changelog=False), handle, access)
+    assert _values(other) == want
+    other.dispose()
+    # restored into a changelog backend: its first checkpoint materializes, reusing the pieces
+    other = restored(rocks(), handle, access)
+    other.adopt_restored_base(handle)
+    again, written = checkpoint(other, access, 100)
+    other.dispose()
+    assert again["pieces"] == handle["pieces"] and written < 0.2 * size
+    # a damaged piece, then a missing one
+    first = next((tmp_path / "chk").rglob(pieces[1]["path"].rsplit("/", 1)[-1]))
+    saved = first.read_bytes()
+    first.write_bytes(b"\0" * len(saved))
+    for damage in (CorruptCheckpointError, CheckpointNotFoundError):
+        other = keyed(rocks())
+        with pytest.raises(damage):
+            other.restore([handle], access.reader())
+        other.dispose()
+        first.unlink(missing_ok=True)
+
+
+def test_malformed_pieces_are_refused_when_the_metadata_is_read(tmp_path):
+    from statekit.checkpoint import schema
+
+    kb, access, handle, _, _ = _large_sst_on_its_way(tmp_path, n=3000)
+    kb.dispose()
+    schema.check_metadata({"tasks": {"t0": handle}}, "chk-9")  # the real one passes
+    (name, pieces), = handle["pieces"].items()
+    piece = pieces[0]
+    for bad in ({name: []}, {name: "all"}, {"../x.sst": pieces}, {"x.log": pieces},
+                {name: [{**piece, "type": "url"}]},
+                {name: [{**piece, "path": "../../x"}]}, [pieces]):
+        with pytest.raises(CorruptCheckpointError):
+            schema.check_metadata({"tasks": {"t0": {**handle, "pieces": bad}}}, "chk-9")
+    some = next(iter(handle["sst"]), None)
+    if some is not None:  # a file both whole and in pieces
+        with pytest.raises(CorruptCheckpointError):
+            schema.check_metadata({"tasks": {"t0": {**handle, "pieces": {some: pieces}}}},
+                                  "chk-9")
 
 
 def test_what_cannot_take_effect_is_refused():

@@ -104,14 +104,19 @@ def handle(value: Any, path: str) -> int:
     return size
 
 
+def file_name(value: Any, path: str) -> str:
+    """A plain file name: not empty, no directories, not hidden."""
+    name = text(value, path)
+    if not name or "/" in name or name.startswith(".") or "\x00" in name:
+        raise fail(path, f"unsafe file name {name!r}")
+    return name
+
+
 def files(value: Any, path: str) -> dict[str, Any]:
     """Check a mapping of plain file names (no directories, not hidden) to handles."""
     found = mapping(value, path)
     for name, blob in found.items():
-        text(name, path)
-        if not name or "/" in name or name.startswith(".") or "\x00" in name:
-            raise fail(path, f"unsafe file name {name!r}")
-        handle(blob, f"{path}.{name}")
+        handle(blob, f"{path}.{file_name(name, path)}")
     return found
 
 

@@ -6,11 +6,13 @@ its files are uploaded by the runs of the checkpoints that follow, ``AHEAD_SHARE
 while those checkpoints still extend the previous materialization with logs.  A file counts as
 uploaded once the checkpoint whose run wrote it completed; an aborted checkpoint's files are
 uploaded again.  When every file is uploaded, the next checkpoint extends the new
-materialization with the logs written since it.
+materialization with the logs written since it.  An SST file much larger than a share is uploaded
+in pieces (the handle's ``pieces``), so that no checkpoint carries one large file whole.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 from pathlib import Path
@@ -19,25 +21,84 @@ from typing import Any
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError
 
-__all__ = ["AHEAD_SHARE", "Ahead", "reusable"]
+__all__ = ["AHEAD_SHARE", "Ahead", "by_kind", "reusable"]
 
-#: the share of a materialization each following checkpoint uploads (at least one file)
+#: the share of a materialization each following checkpoint uploads (at least one item)
 AHEAD_SHARE = 0.05
+#: an SST file larger than ``WHOLE_UP_TO`` shares is uploaded in pieces of a share, of at least
+#: ``MIN_PIECE`` and at most ``MAX_PIECE`` bytes (a restore copies pieces where it may hard-link
+#: a whole file, and holds one piece per transfer thread in memory)
+WHOLE_UP_TO, MIN_PIECE, MAX_PIECE = 1.5, 1 << 20, 64 << 20
+
+#: one upload: ``(file, offset, end, piece index)``; index -1 is the whole file
+Item = tuple[Path, int, int, int]
 
 
-def reusable(target: Path, base: dict[str, dict[str, Any]]
-             ) -> tuple[dict[str, dict[str, Any]], list[Path]]:
+def _size(handle: Any) -> Any:
+    """A file's recorded size: of its handle, or the sum of its pieces' handles."""
+    if isinstance(handle, list):
+        return sum(int(piece.get("size", -1)) for piece in handle)
+    return handle.get("size")
+
+
+def reusable(target: Path, base: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
     """A native checkpoint's files in ``target``: the SSTs ``base`` (the last confirmed
-    checkpoint's) holds already, same name and size, by name; and the files to upload."""
-    reused: dict[str, dict[str, Any]] = {}
+    checkpoint's, a handle or a list of pieces' handles each) holds already, same name and
+    size, by name; and the files to upload."""
+    reused: dict[str, Any] = {}
     todo: list[Path] = []
     for path in sorted(p for p in target.iterdir() if p.is_file()):
         previous = base.get(path.name) if path.suffix == ".sst" else None
-        if previous is not None and previous.get("size") == path.stat().st_size:
+        if previous is not None and _size(previous) == path.stat().st_size:
             reused[path.name] = previous
         else:
             todo.append(path)
     return reused, todo
+
+
+def by_kind(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A native checkpoint's files by handle group: ``sst``, ``misc`` (whole files) and
+    ``pieces`` (SSTs uploaded in pieces: a list of handles each)."""
+    groups: dict[str, dict[str, Any]] = {"sst": {}, "misc": {}, "pieces": {}}
+    for name, handle in files.items():
+        kind = "pieces" if isinstance(handle, list) else "sst" if name.endswith(".sst") else "misc"
+        groups[kind][name] = handle
+    return groups
+
+
+def _items(files: list[Path], total: int) -> list[Item]:
+    """The uploads of ``files``: whole, or an SST larger than ``WHOLE_UP_TO`` shares in pieces."""
+    share = AHEAD_SHARE * total
+    limit = min(max(int(share), MIN_PIECE), MAX_PIECE)
+    items: list[Item] = []
+    for path in files:
+        size = path.stat().st_size
+        if size <= max(WHOLE_UP_TO * share, limit) or path.suffix != ".sst":
+            items.append((path, 0, size, -1))
+            continue
+        step = math.ceil(size / math.ceil(size / limit))
+        items.extend((path, begin, min(begin + step, size), n)
+                     for n, begin in enumerate(range(0, size, step)))
+    return items
+
+
+def _write_piece(item: Item, streams: CheckpointStreams) -> dict[str, Any]:
+    """Upload one piece of an SST file, streamed in chunks (shared: later checkpoints use it)."""
+    path, begin, end, n = item
+
+    def chunks() -> Any:
+        with open(path, "rb") as f:
+            f.seek(begin)
+            left = end - begin
+            while left:
+                data = f.read(min(left, 4 << 20))
+                if not data:
+                    raise CheckpointError(f"{path.name} is shorter than captured")
+                left -= len(data)
+                yield data
+
+    name = f"{path.name}.part{n}"
+    return streams.write_parts(chunks(), state_name=name, shared_name=name)[0]
 
 
 class Ahead:
@@ -49,40 +110,45 @@ class Ahead:
                  taken: float) -> None:
         self.target, self.position, self.info, self.taken = target, position, info, taken
         self.header, self.incremental = header, incremental
-        self.reused, self.todo = reusable(target, base)
-        self.total = sum(p.stat().st_size for p in self.todo)
-        self.uploaded: dict[str, dict[str, Any]] = {}
-        self._assigned: dict[int, list[Path]] = {}
-        self._staged: dict[int, dict[str, dict[str, Any]]] = {}
+        self.reused, files = reusable(target, base)
+        self.total = sum(p.stat().st_size for p in files)
+        self.todo = _items(files, self.total)
+        self.uploaded: dict[tuple[str, int], dict[str, Any]] = {}
+        self._assigned: dict[int, list[Item]] = {}
+        self._staged: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    def assign(self, checkpoint_id: int) -> list[Path]:
-        """The files checkpoint ``checkpoint_id``'s run uploads: up to ``AHEAD_SHARE`` of the
-        whole, at least one file while any is left."""
+    def assign(self, checkpoint_id: int) -> list[Item]:
+        """What checkpoint ``checkpoint_id``'s run uploads: up to ``AHEAD_SHARE`` of the whole,
+        at least one file or piece while any is left."""
         budget, picked = AHEAD_SHARE * self.total, []
         with self._lock:
-            while self.todo and (not picked or self.todo[0].stat().st_size <= budget):
-                path = self.todo.pop(0)
-                budget -= path.stat().st_size
-                picked.append(path)
+            while self.todo and (not picked or self.todo[0][2] - self.todo[0][1] <= budget):
+                item = self.todo.pop(0)
+                budget -= item[2] - item[1]
+                picked.append(item)
             if picked:
                 self._assigned[checkpoint_id] = picked
         return picked
 
-    def upload(self, checkpoint_id: int, files: list[Path], streams: CheckpointStreams,
+    def upload(self, checkpoint_id: int, items: list[Item], streams: CheckpointStreams,
                write: Any) -> None:
-        """Upload ``files`` through checkpoint ``checkpoint_id``'s streams (``write(path,
-        streams)`` gives ``(name, handle)``); they count once that checkpoint completes."""
-        staged = dict(write(path, streams) for path in files)
+        """Upload ``items`` through checkpoint ``checkpoint_id``'s streams (``write(path,
+        streams)`` gives a whole file's ``(name, handle)``); they count once that checkpoint
+        completes."""
+        staged = {(item[0].name, item[3]): (write(item[0], streams)[1] if item[3] < 0
+                                            else _write_piece(item, streams))
+                  for item in items}
         with self._lock:
             if checkpoint_id in self._assigned:
                 self._staged[checkpoint_id] = staged
 
     def referenced(self, checkpoint_id: int) -> dict[str, dict[str, Any]]:
-        """What checkpoint ``checkpoint_id`` references of this materialization: the files
-        uploaded so far and its own share."""
+        """What checkpoint ``checkpoint_id`` references of this materialization: the files and
+        pieces uploaded so far and its own share."""
         with self._lock:
-            return {**self.uploaded, **self._staged.get(checkpoint_id, {})}
+            done = {**self.uploaded, **self._staged.get(checkpoint_id, {})}
+        return {name if n < 0 else f"{name}.part{n}": handle for (name, n), handle in done.items()}
 
     def complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: its files are uploaded; earlier checkpoints
@@ -110,10 +176,15 @@ class Ahead:
     def chain(self, previous: dict[str, Any]) -> dict[str, Any]:
         """The materialization's handle, extended by ``previous``'s log segments written since
         it (a completed handle holds them, as the logs went on while the files were uploaded)."""
-        sst = dict(self.reused)
-        misc: dict[str, dict[str, Any]] = {}
-        for name, handle in self.uploaded.items():
-            (sst if name.endswith(".sst") else misc)[name] = handle
+        files = dict(self.reused)
+        pieces: dict[str, dict[int, dict[str, Any]]] = {}
+        for (name, n), handle in self.uploaded.items():
+            if n < 0:
+                files[name] = handle
+            else:
+                pieces.setdefault(name, {})[n] = handle
+        files.update({name: [got[n] for n in sorted(got)] for name, got in pieces.items()})
+        groups = by_kind(files)
         starts, base = self.position["starts"], self.position["base_log"]
         since = []
         for s in previous["changelog"]["segments"]:
@@ -123,9 +194,10 @@ class Ahead:
             if s["offset"] < start:  # cannot happen: the logs were captured right before it
                 raise CheckpointError("a log segment straddles a materialization's log position")
             since.append(s)
+        if not groups["pieces"]:
+            del groups["pieces"]
         return {**self.header, "incremental": self.incremental, "states": self.info,
-                "state_count": len(self.info), "sst": sst, "misc": misc,
-                "reused_sst": len(self.reused),
+                "state_count": len(self.info), **groups, "reused_sst": len(self.reused),
                 "changelog": {**self.position, "segments": since,
                               "log_bytes": sum(s["size"] for s in since)}}
 

@@ -92,7 +92,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.sweep_cursor: dict[str, tuple[bytes, int]] = {}  # TTL sweep: position, pass start
         self._lock = threading.Lock()
         self._pending: dict[int, dict[str, dict[str, Any]]] = {}
-        self.confirmed: dict[str, dict[str, Any]] = {}
+        self.confirmed: dict[str, Any] = {}
         self._confirmed_id = -1
         self._pid = os.getpid()
         self.disposed = False
@@ -409,8 +409,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._compaction.wait()
         return RocksDBSnapshotStrategy(self).snapshot(checkpoint_id, streams, savepoint)
 
-    def track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:
-        """Remember an incremental checkpoint's SSTs: its base once it is confirmed."""
+    def track_upload(self, checkpoint_id: int, sst: dict[str, Any]) -> None:
+        """Remember an incremental checkpoint's SSTs (handles, or lists of pieces' handles):
+        its base once it is confirmed."""
         with self._lock:
             self._pending[checkpoint_id] = dict(sst)
 
@@ -429,7 +430,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """The next incremental checkpoint reuses the restored shared SSTs (same name and size)."""
         if self.incremental and handle.get("format") == ROCKSDB_FORMAT and handle.get("incremental"):
             with self._lock:
-                self.confirmed = dict(handle.get("sst", {}))
+                self.confirmed = {**handle.get("sst", {}), **handle.get("pieces", {})}
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         with self._lock:

@@ -24,7 +24,8 @@ from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError, CorruptCheckpointError, StateError
 
-__all__ = ["WAL_TTL_SECONDS", "WalChangelog", "append_logs", "check_changelog", "log_files"]
+__all__ = ["WAL_TTL_SECONDS", "WalChangelog", "append_logs", "check_changelog", "check_pieces",
+           "join_pieces", "log_files"]
 
 #: obsolete logs go to ``archive/`` and stay there this long (RocksDB's own purge never comes
 #: first: the changelog deletes what completed checkpoints hold)
@@ -121,7 +122,9 @@ class WalChangelog:
                 self.ahead = None
             return None, False
         handle = chain[0]
-        base = sum(int(h.get("size", 0)) for group in ("sst", "misc") for h in handle[group].values())
+        base = sum(int(h.get("size", 0)) for group in ("sst", "misc", "pieces")
+                   for file in handle.get(group, {}).values()
+                   for h in (file if isinstance(file, list) else [file]))
         due = (time.monotonic() - chain[1] >= self.interval
                or handle["changelog"]["log_bytes"] > self.max_log_ratio * base)
         return chain, due and ahead is None
@@ -246,6 +249,34 @@ def check_changelog(task: dict[str, Any], path: str) -> None:
         if schema.handle(seg.get("data"), f"{at}.data") != seg["size"]:
             raise schema.fail(f"{at}.size", "differs from the size of its data")
     schema.files(log.get("next", {}), f"{where}.next")
+
+
+def check_pieces(task: dict[str, Any], path: str) -> None:
+    """The schema pass over a materialization's SSTs uploaded in pieces: plain ``.sst`` names,
+    each with a non-empty list of handles."""
+    where = f"{path}.pieces"
+    for name, parts in schema.mapping(task.get("pieces", {}), where).items():
+        if not schema.file_name(name, where).endswith(".sst") or name in task.get("sst", {}):
+            raise schema.fail(where, f"not an SST file of its own: {name!r}")
+        pieces = schema.sequence(parts, f"{where}.{name}")
+        if not pieces:
+            raise schema.fail(f"{where}.{name}", "no pieces")
+        for n, piece in enumerate(pieces):
+            schema.handle(piece, f"{where}.{name}[{n}]")
+
+
+def join_pieces(name: str, pieces: list[Any], reader: StateReader, dest: Path) -> None:
+    """Restore side: write the SST file ``name`` into ``dest`` from its pieces, each read and
+    checked (size, CRC-32) on its own."""
+    if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".sst"):
+        raise CorruptCheckpointError(f"unsafe file name {name!r} in a RocksDB checkpoint")
+    if not isinstance(pieces, list) or not pieces:
+        raise CorruptCheckpointError(f"malformed pieces of {name} in a RocksDB checkpoint")
+    with open(dest / name, "wb") as out:
+        for piece in pieces:
+            if not isinstance(piece, dict):
+                raise CorruptCheckpointError(f"malformed pieces of {name} in a RocksDB checkpoint")
+            out.write(reader.read(piece))
 
 
 def append_logs(handle: dict[str, Any], reader: StateReader, dest: Path) -> None:

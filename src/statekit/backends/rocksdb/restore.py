@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.kvformat import KV_FORMATS, kept_indices, read_kv_states
-from statekit.backends.rocksdb.changelog import append_logs
+from statekit.backends.rocksdb.changelog import append_logs, join_pieces
 from statekit.backends.rocksdb.checks import pinned
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
@@ -97,7 +97,8 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
                     deferred: list[FileCheck] | None = None) -> None:
     """Download the files of a native RocksDB checkpoint handle into ``dest`` (each verified for
     size and CRC-32), on ``pool_map``'s threads when given; ``progress(n)`` per file's bytes.
-    With ``deferred``, the CRC-32 checks of hard-linked SST files are appended to it instead."""
+    With ``deferred``, the CRC-32 checks of hard-linked SST files are appended to it instead.
+    SSTs uploaded in pieces are joined, every piece checked as it is read."""
     dest.mkdir(parents=True, exist_ok=True)
     files = list(handle.get("sst", {}).items()) + list(handle.get("misc", {}).items())
     for name, _ in files:
@@ -114,11 +115,21 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
         if progress is not None:
             progress(int(file_handle.get("size", 0)))
 
+    def join(item: tuple[str, Any]) -> None:
+        join_pieces(item[0], item[1], reader, dest)
+        if progress is not None:
+            progress(sum(int(p.get("size", 0)) for p in item[1]))
+
+    work = [(fetch, item) for item in files]
+    pieces = handle.get("pieces", {})
+    if not isinstance(pieces, dict):
+        raise CorruptCheckpointError("malformed pieces in a RocksDB checkpoint")
+    work += [(join, item) for item in pieces.items()]
     if pool_map is None:
-        for item in files:
-            fetch(item)
+        for fn, item in work:
+            fn(item)
     else:
-        pool_map(fetch, files)
+        pool_map(lambda job: job[0](job[1]), work)
     append_logs(handle, reader, dest)  # a changelog checkpoint: RocksDB replays them on open
 
 

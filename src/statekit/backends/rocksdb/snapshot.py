@@ -21,8 +21,8 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
 from statekit.backends.kvschema import check_kind, check_state_count
-from statekit.backends.rocksdb.ahead import Ahead, reusable
-from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog
+from statekit.backends.rocksdb.ahead import Ahead, by_kind, reusable
+from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog, check_pieces
 from statekit.backends.rocksdb.db import Unusable, open_db
 from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
 from statekit.backends.rocksdb.heap_timers import HeapTimerOwner, HeapTimers, check_heap_timers
@@ -46,6 +46,7 @@ def _check_native(task: dict[str, Any], path: str, recorded: Any) -> None:
         check_kind(schema.mapping(info, where), where)
     for group in ("sst", "misc"):
         schema.files(task.get(group, {}), f"{path}.{group}")
+    check_pieces(task, path)
     check_state_count(task, task.get("states"), path)
     misc = task.get("misc", {})
     if "CURRENT" not in misc or not any(name.startswith("MANIFEST-") for name in misc):
@@ -91,7 +92,7 @@ class SnapshotOwner(DatabaseOwner, Protocol):
     ttl_compaction_filter: bool
     disposed: bool
     metas: dict[str, StateMeta]
-    confirmed: dict[str, dict[str, Any]]
+    confirmed: dict[str, Any]
     changelog: WalChangelog | None
     db_path: Path
     sweep_cursor: dict[str, tuple[bytes, int]]
@@ -104,7 +105,7 @@ class SnapshotOwner(DatabaseOwner, Protocol):
         """Every state the database holds, sorted."""
         ...
 
-    def track_upload(self, checkpoint_id: int, sst: dict[str, dict[str, Any]]) -> None:
+    def track_upload(self, checkpoint_id: int, sst: dict[str, Any]) -> None:
         """Remember an incremental checkpoint's SSTs."""
         ...
 
@@ -190,10 +191,13 @@ class RocksDBSnapshotStrategy:
         if start_ahead:  # right after the capture: the logs end where the materialization starts
             taken = time.monotonic()
             native = self._native_checkpoint(f"mat-{checkpoint_id}")
+            # reusable: the last confirmed files and the materialization this one extends
+            # (switched to now, its files uploaded by completed checkpoints)
+            base = ({**backend.confirmed, **chain[0]["sst"], **chain[0].get("pieces", {})}
+                    if backend.incremental else {})
             changelog.ahead = Ahead(
                 native, changelog.position(native, backend.db_path, list(backend.cfs)), info,
-                handle_header(backend, ROCKSDB_FORMAT), backend.incremental,
-                dict(backend.confirmed), taken)
+                handle_header(backend, ROCKSDB_FORMAT), backend.incremental, base, taken)
         ahead = changelog.ahead
         share = ahead.assign(checkpoint_id) if ahead is not None else []
         heap_timers = backend.heap_store.capture()
@@ -208,7 +212,7 @@ class RocksDBSnapshotStrategy:
             if timers:
                 handle["heap_timers"] = timers
             if backend.incremental:
-                backend.track_upload(checkpoint_id, handle["sst"])
+                backend.track_upload(checkpoint_id, {**handle["sst"], **handle.get("pieces", {})})
             return handle
 
         return self._run_of(work, heap_timers, target, start)
@@ -318,25 +322,25 @@ class RocksDBSnapshotStrategy:
                 info: dict[str, Any], base: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """Upload the native checkpoint's files (reusing the base's SSTs when incremental)."""
         backend = self.backend
-        sst, todo = reusable(target, base)
-        reused = len(sst)
+        files, todo = reusable(target, base)
+        reused = len(files)
         incremental = backend.incremental
 
         def upload(path: Path) -> tuple[str, dict[str, Any]]:
             return self._write_file(path, streams)
 
-        misc: dict[str, dict[str, Any]] = {}
-        for name, handle in backend.pool_map(upload, todo):
-            (sst if name.endswith(".sst") else misc)[name] = handle
+        files.update(backend.pool_map(upload, todo))
+        groups = by_kind(files)  # (pieces: reused from a changelog's materialization)
+        if not groups["pieces"]:
+            del groups["pieces"]
         if incremental:
-            backend.track_upload(checkpoint_id, sst)
+            backend.track_upload(checkpoint_id, files)
         return {
             **handle_header(backend, ROCKSDB_FORMAT),
             "incremental": incremental,
             "states": info,
             "state_count": len(info),
-            "sst": sst,
-            "misc": misc,
+            **groups,
             "reused_sst": reused,
         }
 
