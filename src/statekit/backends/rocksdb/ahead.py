@@ -6,8 +6,9 @@ its files are uploaded by the runs of the checkpoints that follow, ``AHEAD_SHARE
 while those checkpoints still extend the previous materialization with logs.  A file counts as
 uploaded once the checkpoint whose run wrote it completed; an aborted checkpoint's files are
 uploaded again.  When every file is uploaded, the next checkpoint extends the new
-materialization with the logs written since it.  An SST file much larger than a share is uploaded
-in pieces (the handle's ``pieces``), so that no checkpoint carries one large file whole.
+materialization with the logs written since it.  An SST file larger than 7.5 % of the
+materialization is uploaded in pieces (the handle's ``pieces``), so that no checkpoint carries
+one large file whole.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ __all__ = ["AHEAD_SHARE", "Ahead", "by_kind", "reusable"]
 
 #: the share of a materialization each following checkpoint uploads (at least one item)
 AHEAD_SHARE = 0.05
-#: an SST file larger than ``WHOLE_UP_TO`` shares is uploaded in pieces of a share, of at least
+#: an SST file larger than ``WHOLE_UP_TO`` of the whole materialization (uploaded whole, it
+#: and a log would be over a tenth of the state) is uploaded in pieces of a share, of at least
 #: ``MIN_PIECE`` and at most ``MAX_PIECE`` bytes (a restore copies pieces where it may hard-link
 #: a whole file, and holds one piece per transfer thread in memory)
-WHOLE_UP_TO, MIN_PIECE, MAX_PIECE = 1.5, 1 << 20, 64 << 20
+WHOLE_UP_TO, MIN_PIECE, MAX_PIECE = 0.075, 1 << 20, 64 << 20
 
 #: one upload: ``(file, offset, end, piece index)``; index -1 is the whole file
 Item = tuple[Path, int, int, int]
@@ -66,14 +68,14 @@ def by_kind(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return groups
 
 
-def _items(files: list[Path], total: int) -> list[Item]:
-    """The uploads of ``files``: whole, or an SST larger than ``WHOLE_UP_TO`` shares in pieces."""
-    share = AHEAD_SHARE * total
-    limit = min(max(int(share), MIN_PIECE), MAX_PIECE)
+def _items(files: list[Path], total: int, whole: int) -> list[Item]:
+    """The uploads of ``files`` (``total`` bytes of a materialization of ``whole`` bytes): each
+    whole, or an SST larger than ``WHOLE_UP_TO`` of the materialization in pieces of a share."""
+    limit = min(max(int(AHEAD_SHARE * total), MIN_PIECE), MAX_PIECE)
     items: list[Item] = []
     for path in files:
         size = path.stat().st_size
-        if size <= max(WHOLE_UP_TO * share, limit) or path.suffix != ".sst":
+        if size <= max(WHOLE_UP_TO * whole, limit) or path.suffix != ".sst":
             items.append((path, 0, size, -1))
             continue
         step = math.ceil(size / math.ceil(size / limit))
@@ -112,7 +114,8 @@ class Ahead:
         self.header, self.incremental = header, incremental
         self.reused, files = reusable(target, base)
         self.total = sum(p.stat().st_size for p in files)
-        self.todo = _items(files, self.total)
+        whole = self.total + sum(int(_size(h)) for h in self.reused.values())
+        self.todo = _items(files, self.total, whole)
         self.uploaded: dict[tuple[str, int], dict[str, Any]] = {}
         self._assigned: dict[int, list[Item]] = {}
         self._staged: dict[int, dict[tuple[str, int], dict[str, Any]]] = {}
