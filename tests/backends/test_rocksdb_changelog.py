@@ -159,7 +159,8 @@ def test_logs_rotated_and_archived_between_checkpoints_stay_exact(tmp_path):
 
 
 def _materialization_of(handle):
-    files = [*handle["sst"].values(), *(p for ps in handle.get("pieces", {}).values() for p in ps)]
+    files = [*handle["sst"].values(),
+             *(p for entry in handle.get("pieces", {}).values() for p in entry["parts"])]
     return tuple(sorted(h.get("path", "inline") for h in files))
 
 
@@ -375,8 +376,9 @@ def test_an_sst_larger_than_a_share_is_uploaded_in_pieces(tmp_path):
     from statekit.backends.rocksdb.ahead import MIN_PIECE
 
     kb, access, handle, rounds, log_bytes = _large_sst_on_its_way(tmp_path)
-    (name, pieces), = handle["pieces"].items()
-    size = sum(p["size"] for p in pieces)
+    (name, entry), = handle["pieces"].items()
+    pieces, size = entry["parts"], entry["size"]
+    assert size == sum(p["size"] for p in pieces)
     try:
         want = _values(kb)
         for cid in (80, 81):  # the next materializations reuse the file by its pieces
@@ -396,6 +398,12 @@ def test_an_sst_larger_than_a_share_is_uploaded_in_pieces(tmp_path):
     again, written = checkpoint(other, access, 100)
     other.dispose()
     assert again["pieces"] == handle["pieces"] and written < 0.2 * size
+    # pieces out of order (each intact; a handle not read through the metadata's checks)
+    swapped = {**handle, "pieces": {name: {**entry, "parts": [pieces[1], pieces[0], *pieces[2:]]}}}
+    other = keyed(rocks())
+    with pytest.raises(CorruptCheckpointError, match="pieces"):
+        other.restore([swapped], access.reader())
+    other.dispose()
     # a damaged piece, then a missing one
     first = next((tmp_path / "chk").rglob(pieces[1]["path"].rsplit("/", 1)[-1]))
     saved = first.read_bytes()
@@ -411,20 +419,28 @@ def test_an_sst_larger_than_a_share_is_uploaded_in_pieces(tmp_path):
 def test_malformed_pieces_are_refused_when_the_metadata_is_read(tmp_path):
     from statekit.checkpoint import schema
 
-    kb, access, handle, _, _ = _large_sst_on_its_way(tmp_path, n=3000)
+    kb, _, handle, _, _ = _large_sst_on_its_way(tmp_path, n=3000)
     kb.dispose()
     schema.check_metadata({"tasks": {"t0": handle}}, "chk-9")  # the real one passes
-    (name, pieces), = handle["pieces"].items()
+    (name, entry), = handle["pieces"].items()
+    pieces = entry["parts"]
     piece = pieces[0]
-    for bad in ({name: []}, {name: "all"}, {"../x.sst": pieces}, {"x.log": pieces},
-                {name: [{**piece, "type": "url"}]},
-                {name: [{**piece, "path": "../../x"}]}, [pieces]):
+    assert len(pieces) >= 2
+    for bad in ({name: {**entry, "parts": []}}, {name: "all"}, {name: pieces},
+                {"../x.sst": entry}, {"x.log": entry}, [entry],
+                {name: {**entry, "parts": [{**piece, "type": "url"}, *pieces[1:]]}},
+                {name: {**entry, "parts": [{**piece, "path": "../../x"}, *pieces[1:]]}},
+                # every piece intact, the file not: out of order, repeated, left out
+                {name: {**entry, "parts": [pieces[1], pieces[0], *pieces[2:]]}},
+                {name: {**entry, "parts": [pieces[0], pieces[0], *pieces[2:]]}},
+                {name: {**entry, "parts": pieces[:-1]}},
+                {name: {**entry, "crc": entry["crc"] ^ 1}}):
         with pytest.raises(CorruptCheckpointError):
             schema.check_metadata({"tasks": {"t0": {**handle, "pieces": bad}}}, "chk-9")
     some = next(iter(handle["sst"]), None)
     if some is not None:  # a file both whole and in pieces
         with pytest.raises(CorruptCheckpointError):
-            schema.check_metadata({"tasks": {"t0": {**handle, "pieces": {some: pieces}}}},
+            schema.check_metadata({"tasks": {"t0": {**handle, "pieces": {some: entry}}}},
                                   "chk-9")
 
 

@@ -64,3 +64,30 @@ def test_disposing_during_the_compaction_ends_its_thread(tmp_path):
     part.restore([whole], access.reader())
     part.dispose()  # at once: the check and the compaction end with the backend
     assert not {t.name for t in threading.enumerate()} - before
+
+
+_NEVER_DISPOSED = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from statekit.serde.keygroups import KeyGroupRange
+from tests.backends.test_rocksdb import keyed
+from tests.backends.test_rocksdb_rescale_files import _checkpointed
+backend, access, whole = _checkpointed(Path({tmp!r}), 60_000)
+keyed(backend, KeyGroupRange(64, 127)).restore([whole], access.reader())
+print("restored")
+"""
+
+
+def test_exiting_during_the_compaction_of_a_backend_never_disposed_is_clean(tmp_path):
+    """The interpreter waits for the range being compacted at exit: a thread stopped inside
+    RocksDB aborted the process ("FATAL: exception not rethrown", exit 134)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _NEVER_DISPOSED.format(root=root, tmp=str(tmp_path))],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0 and "restored" in done.stdout, (done.returncode, done.stderr[-2000:])
+    assert "FATAL" not in done.stderr

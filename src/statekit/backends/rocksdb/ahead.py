@@ -19,10 +19,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from statekit.checkpoint.checksum import combined_crc
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError
 
-__all__ = ["AHEAD_SHARE", "Ahead", "by_kind", "reusable"]
+__all__ = ["AHEAD_SHARE", "Ahead", "by_kind", "joined", "reusable"]
 
 #: the share of a materialization each following checkpoint uploads (at least one item)
 AHEAD_SHARE = 0.05
@@ -36,22 +37,15 @@ WHOLE_UP_TO, MIN_PIECE, MAX_PIECE = 0.075, 1 << 20, 64 << 20
 Item = tuple[Path, int, int, int]
 
 
-def _size(handle: Any) -> Any:
-    """A file's recorded size: of its handle, or the sum of its pieces' handles."""
-    if isinstance(handle, list):
-        return sum(int(piece.get("size", -1)) for piece in handle)
-    return handle.get("size")
-
-
 def reusable(target: Path, base: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
     """A native checkpoint's files in ``target``: the SSTs ``base`` (the last confirmed
-    checkpoint's, a handle or a list of pieces' handles each) holds already, same name and
-    size, by name; and the files to upload."""
+    checkpoint's: a handle, or pieces, each) holds already, same name and size, by name; and
+    the files to upload."""
     reused: dict[str, Any] = {}
     todo: list[Path] = []
     for path in sorted(p for p in target.iterdir() if p.is_file()):
         previous = base.get(path.name) if path.suffix == ".sst" else None
-        if previous is not None and _size(previous) == path.stat().st_size:
+        if previous is not None and previous.get("size") == path.stat().st_size:
             reused[path.name] = previous
         else:
             todo.append(path)
@@ -60,12 +54,20 @@ def reusable(target: Path, base: dict[str, Any]) -> tuple[dict[str, Any], list[P
 
 def by_kind(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A native checkpoint's files by handle group: ``sst``, ``misc`` (whole files) and
-    ``pieces`` (SSTs uploaded in pieces: a list of handles each)."""
+    ``pieces`` (SSTs uploaded in pieces: the file's size and CRC-32, and its pieces' handles)."""
     groups: dict[str, dict[str, Any]] = {"sst": {}, "misc": {}, "pieces": {}}
     for name, handle in files.items():
-        kind = "pieces" if isinstance(handle, list) else "sst" if name.endswith(".sst") else "misc"
+        kind = "pieces" if "parts" in handle else "sst" if name.endswith(".sst") else "misc"
         groups[kind][name] = handle
     return groups
+
+
+def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A file uploaded in pieces: its size and CRC-32 (combined from the pieces' own, in order:
+    a reader checks the order) and the pieces' handles."""
+    return {"size": sum(int(p["size"]) for p in parts),
+            "crc": combined_crc([[0, int(p["size"]), int(p["crc"])] for p in parts]),
+            "parts": parts}
 
 
 def _items(files: list[Path], total: int, whole: int) -> list[Item]:
@@ -114,7 +116,7 @@ class Ahead:
         self.header, self.incremental = header, incremental
         self.reused, files = reusable(target, base)
         self.total = sum(p.stat().st_size for p in files)
-        whole = self.total + sum(int(_size(h)) for h in self.reused.values())
+        whole = self.total + sum(int(h["size"]) for h in self.reused.values())
         self.todo = _items(files, self.total, whole)
         self.uploaded: dict[tuple[str, int], dict[str, Any]] = {}
         self._assigned: dict[int, list[Item]] = {}
@@ -186,7 +188,7 @@ class Ahead:
                 files[name] = handle
             else:
                 pieces.setdefault(name, {})[n] = handle
-        files.update({name: [got[n] for n in sorted(got)] for name, got in pieces.items()})
+        files.update({name: joined([got[n] for n in sorted(got)]) for name, got in pieces.items()})
         groups = by_kind(files)
         starts, base = self.position["starts"], self.position["base_log"]
         since = []

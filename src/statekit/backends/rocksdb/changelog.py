@@ -14,15 +14,21 @@ import math
 import os
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 from statekit.backends.base import StateMeta
-from statekit.backends.rocksdb.ahead import Ahead
+from statekit.backends.rocksdb.ahead import Ahead, joined
 from statekit.checkpoint import schema
 from statekit.checkpoint.reader import StateReader
 from statekit.checkpoint.streams import CheckpointStreams
-from statekit.errors import CheckpointError, CorruptCheckpointError, StateError
+from statekit.errors import (
+    CheckpointError,
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    StateError,
+)
 
 __all__ = ["WAL_TTL_SECONDS", "WalChangelog", "append_logs", "check_changelog", "check_pieces",
            "join_pieces", "log_files"]
@@ -123,8 +129,7 @@ class WalChangelog:
             return None, False
         handle = chain[0]
         base = sum(int(h.get("size", 0)) for group in ("sst", "misc", "pieces")
-                   for file in handle.get(group, {}).values()
-                   for h in (file if isinstance(file, list) else [file]))
+                   for h in handle.get(group, {}).values())
         due = (time.monotonic() - chain[1] >= self.interval
                or handle["changelog"]["log_bytes"] > self.max_log_ratio * base)
         return chain, due and ahead is None
@@ -253,30 +258,43 @@ def check_changelog(task: dict[str, Any], path: str) -> None:
 
 def check_pieces(task: dict[str, Any], path: str) -> None:
     """The schema pass over a materialization's SSTs uploaded in pieces: plain ``.sst`` names,
-    each with a non-empty list of handles."""
+    each with its size and CRC-32, which its pieces' recorded ones must make up in order."""
     where = f"{path}.pieces"
-    for name, parts in schema.mapping(task.get("pieces", {}), where).items():
+    for name, entry in schema.mapping(task.get("pieces", {}), where).items():
         if not schema.file_name(name, where).endswith(".sst") or name in task.get("sst", {}):
             raise schema.fail(where, f"not an SST file of its own: {name!r}")
-        pieces = schema.sequence(parts, f"{where}.{name}")
-        if not pieces:
-            raise schema.fail(f"{where}.{name}", "no pieces")
-        for n, piece in enumerate(pieces):
-            schema.handle(piece, f"{where}.{name}[{n}]")
+        at = f"{where}.{name}"
+        entry = schema.mapping(entry, at)
+        size = schema.integer(entry.get("size"), f"{at}.size", 0)
+        crc = schema.integer(entry.get("crc"), f"{at}.crc", 0, 0xFFFFFFFF)
+        parts = schema.sequence(entry.get("parts"), f"{at}.parts")
+        if not parts:
+            raise schema.fail(f"{at}.parts", "no pieces")
+        for n, piece in enumerate(parts):
+            schema.handle(piece, f"{at}.parts[{n}]")
+        whole = joined(parts)
+        if whole["size"] != size or whole["crc"] != crc:
+            raise schema.fail(at, "its pieces do not make up the file (missing, repeated or "
+                                  "out of order)")
 
 
-def join_pieces(name: str, pieces: list[Any], reader: StateReader, dest: Path) -> None:
+def join_pieces(name: str, entry: dict[str, Any], reader: StateReader, dest: Path) -> None:
     """Restore side: write the SST file ``name`` into ``dest`` from its pieces, each read and
-    checked (size, CRC-32) on its own."""
+    checked (size, CRC-32), and the file checked whole."""
     if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".sst"):
         raise CorruptCheckpointError(f"unsafe file name {name!r} in a RocksDB checkpoint")
-    if not isinstance(pieces, list) or not pieces:
+    parts = entry.get("parts") if isinstance(entry, dict) else None
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
         raise CorruptCheckpointError(f"malformed pieces of {name} in a RocksDB checkpoint")
+    size = crc = 0
     with open(dest / name, "wb") as out:
-        for piece in pieces:
-            if not isinstance(piece, dict):
-                raise CorruptCheckpointError(f"malformed pieces of {name} in a RocksDB checkpoint")
-            out.write(reader.read(piece))
+        for piece in parts:
+            data = reader.read(piece)
+            out.write(data)
+            size, crc = size + len(data), zlib.crc32(data, crc)
+    if (size, crc) != (entry.get("size"), entry.get("crc")):
+        raise ChecksumMismatchError(f"{name}: its pieces do not make up the file the checkpoint "
+                                    "records (missing, repeated or out of order)")
 
 
 def append_logs(handle: dict[str, Any], reader: StateReader, dest: Path) -> None:

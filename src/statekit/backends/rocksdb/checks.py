@@ -11,11 +11,13 @@ too, so no checkpoint is taken of unchecked files.  A file that fails makes ever
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
 import shutil
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,7 @@ class Compaction:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(list(ranges), checks),
                                         daemon=True, name="statekit-rocksdb-rescale-compaction")
+        _RUNNING.add(self)
         self._thread.start()
 
     def _run(self, ranges: list[tuple[Any, bytes, bytes]], checks: RestoreChecks | None) -> None:
@@ -143,6 +146,17 @@ class Compaction:
         """Skip what has not started and wait for what has (the backend is disposed)."""
         self._stop.set()
         self._thread.join()
+
+
+#: compactions whose backend may never be disposed: at interpreter exit each one ends its
+#: current range before the interpreter goes (a thread stopped inside RocksDB aborts the process)
+_RUNNING: weakref.WeakSet[Compaction] = weakref.WeakSet()
+
+
+@atexit.register
+def _end_compactions() -> None:
+    for compaction in list(_RUNNING):
+        compaction.stop()
 
 
 def _corrupt(exc: Exception) -> Exception:

@@ -10,6 +10,7 @@ without decoding the elements.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 from rocksdict import Rdict
@@ -54,14 +55,40 @@ def kg_after(end: int, kgp: list[bytes]) -> bytes:
     return kgp[end + 1] if end + 1 < len(kgp) else (end + 1).to_bytes(2, "big")
 
 
+def raise_stopped(it: Any) -> None:
+    """Raise the error a RocksDB iterator stopped on, as CorruptCheckpointError: an iterator
+    (and rocksdict's ``items()`` / ``keys()``) ends quietly where it meets a damaged block."""
+    try:
+        it.status()
+    except Exception as exc:  # rocksdict raises a bad status as a bare Exception
+        raise CorruptCheckpointError(f"RocksDB state is unreadable: {exc}") from exc
+
+
+def check_scan_end(cf: Rdict, last: bytes | None, start: bytes = b"") -> None:
+    """After an ``items()`` / ``keys()`` scan of ``cf`` from ``start`` ran out (``last``: the last
+    key it gave): CorruptCheckpointError when it stopped on damage rather than at the end."""
+    it = cf.iter()
+    try:
+        if last is not None:
+            it.seek(last)
+            it.next()
+        elif start:
+            it.seek(start)
+        else:
+            it.seek_to_first()
+        raise_stopped(it)
+    finally:
+        del it
+
+
 def _items(cf: Rdict, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-    if not start and end is None:
-        yield from cf.items()
-        return
-    for key, value in cf.items(from_key=start):
+    last = None
+    for key, value in cf.items(from_key=start) if start else cf.items():
         if end is not None and key >= end:
             return
+        last = key
         yield key, value
+    check_scan_end(cf, last, start)
 
 
 def grouped(cf: Rdict, kind: str, start: bytes = b"", end: bytes | None = None

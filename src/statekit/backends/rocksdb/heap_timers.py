@@ -27,7 +27,7 @@ from statekit.backends.kvformat import (
 )
 from statekit.backends.kvschema import check_states
 from statekit.backends.plainparts import reader_parts
-from statekit.backends.rocksdb.encoding import KG_END
+from statekit.backends.rocksdb.encoding import KG_END, check_scan_end
 from statekit.backends.rocksdb.timers import TimerOwner, index_name, ts8
 from statekit.backends.timers import (
     TIMERS_KIND,
@@ -133,8 +133,11 @@ class HeapTimers:
         cf, index = backend.cf(name), backend.cf(index_name(name))
         de = backend.key_serializer.deserialize
         out: dict[Any, list[int]] = {}
+        last = None
         for key in cf.keys():  # noqa: SIM118 - a scan of the column family
             out.setdefault(de(key[2:-8]), []).append(int.from_bytes(key[-8:], "big") - (1 << 63))
+            last = key
+        check_scan_end(cf, last)
         for store in (cf, index):  # emptied: they are not where this backend keeps timers
             store.delete_range(b"", KG_END)
         del backend.state_info[name]

@@ -22,7 +22,15 @@ from statekit.backends.kvformat import KV_FORMATS, kept_indices, read_kv_states
 from statekit.backends.rocksdb.changelog import append_logs, join_pieces
 from statekit.backends.rocksdb.checks import pinned
 from statekit.backends.rocksdb.db import open_db
-from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, split_array
+from statekit.backends.rocksdb.encoding import (
+    KG_END,
+    NIL,
+    check_scan_end,
+    grouped,
+    kg_after,
+    raise_stopped,
+    split_array,
+)
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
 from statekit.backends.rocksdb.timers import column_families, index_name, ts8
 from statekit.backends.timers import TIMERS_KIND, timer_stamps
@@ -118,7 +126,7 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
     def join(item: tuple[str, Any]) -> None:
         join_pieces(item[0], item[1], reader, dest)
         if progress is not None:
-            progress(sum(int(p.get("size", 0)) for p in item[1]))
+            progress(int(item[1]["size"]))
 
     work = [(fetch, item) for item in files]
     pieces = handle.get("pieces", {})
@@ -141,6 +149,7 @@ def _check_recorded_range(cf: Rdict, name: str, recorded: KeyGroupRange) -> None
         for seek in (it.seek_to_first, it.seek_to_last):
             seek()
             if not it.valid():
+                raise_stopped(it)  # (empty, or unreadable)
                 return
             key = it.key()
             if len(key) < 2 or int.from_bytes(key[:2], "big") not in recorded:
@@ -328,12 +337,15 @@ class RocksDBRestoreOperation:
                 source = src.get_column_family(name)
                 backend.cf(name)
                 target = backend.db.get_column_family_handle(name)
-                writer = _BatchWriter(backend.db)
+                writer, last = _BatchWriter(backend.db), None
                 for key, value in source.items(from_key=lo):
                     if key >= hi:
                         break
                     writer.put(key, value, target)
                     writer.write_if_full()
+                    last = key
+                else:
+                    check_scan_end(source, last, lo)
                 writer.close()
                 del source
         self._note_states(handle)

@@ -24,7 +24,13 @@ from statekit.backends.kvschema import check_kind, check_state_count
 from statekit.backends.rocksdb.ahead import Ahead, by_kind, reusable
 from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog, check_pieces
 from statekit.backends.rocksdb.db import Unusable, open_db
-from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped
+from statekit.backends.rocksdb.encoding import (
+    check_scan_end,
+    drop_expired,
+    expired,
+    grouped,
+    raise_stopped,
+)
 from statekit.backends.rocksdb.heap_timers import HeapTimerOwner, HeapTimers, check_heap_timers
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
@@ -284,6 +290,8 @@ class RocksDBSnapshotStrategy:
                 batch.delete(it.key(), handle)
             seen += 1
             it.next()
+        if not it.valid():
+            raise_stopped(it)
         backend.sweep_cursor[name] = (it.key(), started) if it.valid() else (b"", now)
         del it
         if len(batch):
@@ -306,9 +314,12 @@ class RocksDBSnapshotStrategy:
                 cf = db.get_column_family(name)
                 handle = db.get_column_family_handle(name)
                 batch = WriteBatch(raw_mode=True)
+                last = None
                 for key, value in cf.items():
                     if value and expired(value, limit):
                         batch.delete(key, handle)
+                    last = key
+                check_scan_end(cf, last)
                 if len(batch):
                     db.write(batch)
                     cf.flush()

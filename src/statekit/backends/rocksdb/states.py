@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.base import StateMeta
-from statekit.backends.rocksdb.encoding import SEQ_MAX
+from statekit.backends.rocksdb.encoding import SEQ_MAX, check_scan_end, raise_stopped
 from statekit.errors import StateError
 from statekit.serde.msgpack import packb, unpackb
 from statekit.serde.serializers import TypeSerializer
@@ -89,6 +89,7 @@ class RocksState:
                 return
             yield key, it.value()
             it.next()
+        raise_stopped(it)
 
     def _delete_prefix(self, prefix: bytes) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -145,6 +146,8 @@ class RocksDBListState(RocksState, ListState):
             key = it.key()
             if key.startswith(prefix) and len(key) == len(prefix) + 8:
                 return int.from_bytes(key[-8:], "big") + 1
+        else:
+            raise_stopped(it)  # (no entry before, or an unreadable block)
         return 0
 
     def get(self) -> list[Any]:
@@ -296,11 +299,14 @@ class RocksDBMapState(RocksState, MapState):
         prefix = self._prefix()
         n = len(prefix)
         kde = self._kde
-        out = []
+        out, last = [], None
         for key in self._cf.keys(from_key=prefix):
             if not key.startswith(prefix):
                 break
             out.append(kde(key[n:]))
+            last = key
+        else:
+            check_scan_end(self._cf, last, prefix)
         return out
 
     def values(self) -> list[Any]:

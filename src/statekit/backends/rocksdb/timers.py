@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import ReadOptions, WriteBatch
 
+from statekit.backends.rocksdb.encoding import check_scan_end, raise_stopped
 from statekit.backends.timers import TIMERS_KIND, TimerQueue, timer_state_name
 from statekit.serde.msgpack import packb
 
@@ -123,6 +124,7 @@ class RocksDBTimerQueue(TimerQueue):
             kg = int.from_bytes(key[:2], "big")
             self._load(kg, key)
             it.seek((kg + 1).to_bytes(2, "big"))
+        raise_stopped(it)
         del it
 
     def _load(self, kg: int, start: bytes) -> None:
@@ -248,10 +250,13 @@ class RocksDBTimerQueue(TimerQueue):
         return [_ts(k[-8:]) for k in self._keys_under(prefix)]
 
     def _keys_under(self, prefix: bytes) -> Iterator[bytes]:
+        last = None
         for key in self._keys.keys(from_key=prefix):
             if not key.startswith(prefix):
                 return
             yield key
+            last = key
+        check_scan_end(self._keys, last, prefix)
 
     def __len__(self) -> int:
         return sum(1 for _ in self._time.keys())  # noqa: SIM118 - a scan, not a dict
