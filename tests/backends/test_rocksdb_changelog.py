@@ -522,18 +522,27 @@ def _native_handles(obj):
             yield from _native_handles(value)
 
 
-def test_a_spark_partition_commits_changelog_versions_and_restores_after_retention(tmp_path):
-    from statekit.checkpoint.savepoint import open_external
-    from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token
+def _stores(tmp_path, retained, **config):
+    """New ``PartitionStore``s of one Spark partition of a changelog RocksDB backend over
+    FileSystem storage, one per micro-batch as Spark's tasks make them."""
+    from statekit.runtime.partition import PartitionStore
     from statekit.serde.types import GenericSerializer
 
     storage = FileSystemCheckpointStorage(str(tmp_path / "chk"))
-    count = ValueStateDescriptor("count", Types.LONG())
 
     def store():
-        backend = rocks(**{"state.backend.rocksdb.changelog.max-log-ratio": "100"})
-        return PartitionStore(backend, storage, "query", "op", 0, GenericSerializer(),
-                              versions_retained=3)
+        return PartitionStore(rocks(**config), storage, "query", "op", 0, GenericSerializer(),
+                              versions_retained=retained)
+
+    return store
+
+
+def test_a_spark_partition_commits_changelog_versions_and_restores_after_retention(tmp_path):
+    from statekit.checkpoint.savepoint import open_external
+    from statekit.runtime.partition import drop_local_state, new_attempt_token
+
+    count = ValueStateDescriptor("count", Types.LONG())
+    store = _stores(tmp_path, 3, **{"state.backend.rocksdb.changelog.max-log-ratio": "100"})
 
     drop_local_state()
     try:
@@ -650,17 +659,11 @@ def test_a_spark_partition_restores_after_retention_with_pieces(tmp_path):
     """Spark's version retention with a materialization uploaded in pieces across micro-batches:
     a new executor restores the newest version exactly, every piece it needs kept."""
     from statekit.checkpoint.savepoint import open_external
-    from statekit.runtime.partition import PartitionStore, drop_local_state, new_attempt_token
-    from statekit.serde.types import GenericSerializer
+    from statekit.runtime.partition import drop_local_state, new_attempt_token
 
-    storage = FileSystemCheckpointStorage(str(tmp_path / "chk"))
     text = ValueStateDescriptor("text", Types.STRING())
     rng = random.Random(7)
-
-    def store():
-        backend = rocks(**{"state.changelog.periodic-materialize.interval": "1 ms"})
-        return PartitionStore(backend, storage, "query", "op", 0, GenericSerializer(),
-                              versions_retained=2)
+    store = _stores(tmp_path, 2, **{"state.changelog.periodic-materialize.interval": "1 ms"})
 
     drop_local_state()
     try:
