@@ -100,6 +100,15 @@ def restored(backend, handle, access, rng=ALL):
     return kb
 
 
+def restores_exactly(backend, handle, access, n, want, why=None):
+    """A backend from ``backend`` restored from ``handle`` holds ``want`` (:func:`contents`)."""
+    other = restored(backend, handle, access)
+    try:
+        assert contents(other, n) == want, why
+    finally:
+        other.dispose()
+
+
 def test_changelog_checkpoints_upload_the_log_and_restore_exactly(tmp_path):
     access = access_of(tmp_path)
     backend = rocks()
@@ -120,9 +129,7 @@ def test_changelog_checkpoints_upload_the_log_and_restore_exactly(tmp_path):
             assert written <= 0.05 * full_bytes, (written, full_bytes)
             expected[cid] = (handle, contents(kb, n))
         for cid, (handle, want) in expected.items():  # every checkpoint of the chain
-            other = restored(rocks(changelog=False), handle, access)
-            assert contents(other, n) == want, cid
-            other.dispose()
+            restores_exactly(rocks(changelog=False), handle, access, n, want, cid)
     finally:
         kb.dispose()
 
@@ -151,9 +158,7 @@ def test_logs_rotated_and_archived_between_checkpoints_stay_exact(tmp_path):
                 and not (kb.db_path / f"{n:06d}.log").exists()]
         assert gone  # archived logs a completed checkpoint holds whole were deleted
         want = contents(kb, n)
-        other = restored(backend, handle, access)
-        assert contents(other, n) == want
-        other.dispose()
+        restores_exactly(backend, handle, access, n, want)
     finally:
         kb.dispose()
 
@@ -186,9 +191,7 @@ def test_the_next_materialization_is_uploaded_by_the_checkpoints_after_the_inter
             seen.append(_materialization_of(handle))
             if cid % 9 == 0:  # every checkpoint restores exactly, before and after a switch
                 want = contents(kb, 3000)
-                other = restored(rocks(changelog=False), handle, access)
-                assert contents(other, 3000) == want, cid
-                other.dispose()
+                restores_exactly(rocks(changelog=False), handle, access, 3000, want, cid)
         switches = [n for n in range(1, len(seen)) if seen[n] != seen[n - 1]]
         assert seen[0] == _materialization_of(first) and switches, seen
         # a share of the materialization (here, of 7 files: one or two each), never all of it
@@ -212,9 +215,7 @@ def test_a_materialization_whose_upload_was_aborted_is_uploaded_again(tmp_path):
                 kb.notify_checkpoint_aborted(cid)  # its share is given back
         assert _materialization_of(handle) != _materialization_of(first)
         want = contents(kb, 2000)
-        other = restored(rocks(), handle, access)
-        assert contents(other, 2000) == want
-        other.dispose()
+        restores_exactly(rocks(), handle, access, 2000, want)
     finally:
         kb.dispose()
 
@@ -272,9 +273,7 @@ def test_a_checkpoint_that_never_completed_is_not_extended(tmp_path):
         assert third["changelog"]["segments"][0]["offset"] == 0
         assert len(second["changelog"]["segments"]) <= len(third["changelog"]["segments"])
         want = contents(kb, 500)
-        other = restored(rocks(), third, access)
-        assert contents(other, 500) == want
-        other.dispose()
+        restores_exactly(rocks(), third, access, 500, want)
     finally:
         kb.dispose()
 
@@ -617,9 +616,7 @@ def test_discarding_the_materialization_keeps_what_later_checkpoints_use(tmp_pat
         want = contents(kb, 500)
     finally:
         kb.dispose()
-    other = restored(rocks(), handle, access)
-    assert contents(other, 500) == want
-    other.dispose()
+    restores_exactly(rocks(), handle, access, 500, want)
 
 
 def test_the_tools_show_read_and_verify_a_changelog_checkpoint(tmp_path):

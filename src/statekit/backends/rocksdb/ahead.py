@@ -23,7 +23,7 @@ from statekit.checkpoint.checksum import combined_crc
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.errors import CheckpointError
 
-__all__ = ["AHEAD_SHARE", "Ahead", "by_kind", "joined", "reusable"]
+__all__ = ["AHEAD_SHARE", "Ahead", "by_kind", "joined", "reusable", "sst_files"]
 
 #: the share of a materialization each following checkpoint uploads (at least one item)
 AHEAD_SHARE = 0.05
@@ -53,13 +53,20 @@ def reusable(target: Path, base: dict[str, Any]) -> tuple[dict[str, Any], list[P
 
 
 def by_kind(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A native checkpoint's files by handle group: ``sst``, ``misc`` (whole files) and
-    ``pieces`` (SSTs uploaded in pieces: the file's size and CRC-32, and its pieces' handles)."""
+    """A native checkpoint's files by handle group: ``sst``, ``misc`` (whole files) and, when
+    any, ``pieces`` (SSTs uploaded in pieces: the file's size and CRC-32, its pieces' handles)."""
     groups: dict[str, dict[str, Any]] = {"sst": {}, "misc": {}, "pieces": {}}
     for name, handle in files.items():
         kind = "pieces" if "parts" in handle else "sst" if name.endswith(".sst") else "misc"
         groups[kind][name] = handle
+    if not groups["pieces"]:
+        del groups["pieces"]
     return groups
+
+
+def sst_files(handle: dict[str, Any]) -> dict[str, Any]:
+    """A native handle's SST files by name, whole or in pieces: what later checkpoints reuse."""
+    return {**handle.get("sst", {}), **handle.get("pieces", {})}
 
 
 def joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -199,8 +206,6 @@ class Ahead:
             if s["offset"] < start:  # cannot happen: the logs were captured right before it
                 raise CheckpointError("a log segment straddles a materialization's log position")
             since.append(s)
-        if not groups["pieces"]:
-            del groups["pieces"]
         return {**self.header, "incremental": self.incremental, "states": self.info,
                 "state_count": len(self.info), **groups, "reused_sst": len(self.reused),
                 "changelog": {**self.position, "segments": since,

@@ -18,6 +18,7 @@ from rocksdict import Options, Rdict, WriteBatch
 from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
 from statekit.backends.kvformat import KV_FORMATS
+from statekit.backends.rocksdb.ahead import sst_files
 from statekit.backends.rocksdb.changelog import WalChangelog
 from statekit.backends.rocksdb.checks import CheckedFamily, Compaction, RestoreChecks
 from statekit.backends.rocksdb.db import Unusable, inherited, live_backends, open_db, write_options
@@ -410,8 +411,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return RocksDBSnapshotStrategy(self).snapshot(checkpoint_id, streams, savepoint)
 
     def track_upload(self, checkpoint_id: int, sst: dict[str, Any]) -> None:
-        """Remember an incremental checkpoint's SSTs (handles, or lists of pieces' handles):
-        its base once it is confirmed."""
+        """Remember an incremental checkpoint's SSTs (:func:`~.ahead.sst_files`): its base once it
+        is confirmed."""
         with self._lock:
             self._pending[checkpoint_id] = dict(sst)
 
@@ -430,7 +431,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """The next incremental checkpoint reuses the restored shared SSTs (same name and size)."""
         if self.incremental and handle.get("format") == ROCKSDB_FORMAT and handle.get("incremental"):
             with self._lock:
-                self.confirmed = {**handle.get("sst", {}), **handle.get("pieces", {})}
+                self.confirmed = sst_files(handle)
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         with self._lock:

@@ -81,7 +81,10 @@ def check_scan_end(cf: Rdict, last: bytes | None, start: bytes = b"") -> None:
         del it
 
 
-def _items(cf: Rdict, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+def scan(cf: Rdict, start: bytes = b"", end: bytes | None = None
+         ) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, value)`` of ``cf`` in ``[start, end)``, in key order; CorruptCheckpointError where
+    RocksDB stopped on a damaged block (see :func:`check_scan_end`)."""
     last = None
     for key, value in cf.items(from_key=start) if start else cf.items():
         if end is not None and key >= end:
@@ -99,12 +102,12 @@ def grouped(cf: Rdict, kind: str, start: bytes = b"", end: bytes | None = None
     if kind == "timers":
         kind = "list"
     if kind == "value":
-        for key, value in _items(cf, start, end):
+        for key, value in scan(cf, start, end):
             yield int.from_bytes(key[:2], "big"), key[2:], value
         return
     prefix: bytes | None = None
     parts: list[bytes] = []
-    for key, value in _items(cf, start, end):
+    for key, value in scan(cf, start, end):
         if prefix is None or not key.startswith(prefix):
             if prefix is not None and parts:
                 yield int.from_bytes(prefix[:2], "big"), prefix[2:], combine(parts)

@@ -25,10 +25,10 @@ from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import (
     KG_END,
     NIL,
-    check_scan_end,
     grouped,
     kg_after,
     raise_stopped,
+    scan,
     split_array,
 )
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
@@ -109,9 +109,14 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
     SSTs uploaded in pieces are joined, every piece checked as it is read."""
     dest.mkdir(parents=True, exist_ok=True)
     files = list(handle.get("sst", {}).items()) + list(handle.get("misc", {}).items())
-    for name, _ in files:
-        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name:
-            raise CorruptCheckpointError(f"unsafe file name {name!r} in a RocksDB checkpoint")
+    pieces = handle.get("pieces", {})
+    if not isinstance(pieces, dict):
+        raise CorruptCheckpointError("malformed pieces in a RocksDB checkpoint")
+    bad = [name for name in [*(name for name, _ in files), *pieces]
+           if not isinstance(name, str) or "/" in name or name.startswith(".") or not name]
+    bad += [name for name in pieces if isinstance(name, str) and not name.endswith(".sst")]
+    if bad:
+        raise CorruptCheckpointError(f"unsafe file name {bad[0]!r} in a RocksDB checkpoint")
 
     def fetch(item: tuple[str, dict[str, Any]]) -> None:
         # SST files are immutable: a local-disk store may hard-link them (Flink's local
@@ -128,11 +133,7 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
         if progress is not None:
             progress(int(item[1]["size"]))
 
-    work = [(fetch, item) for item in files]
-    pieces = handle.get("pieces", {})
-    if not isinstance(pieces, dict):
-        raise CorruptCheckpointError("malformed pieces in a RocksDB checkpoint")
-    work += [(join, item) for item in pieces.items()]
+    work = [(fetch, item) for item in files] + [(join, item) for item in pieces.items()]
     if pool_map is None:
         for fn, item in work:
             fn(item)
@@ -337,15 +338,10 @@ class RocksDBRestoreOperation:
                 source = src.get_column_family(name)
                 backend.cf(name)
                 target = backend.db.get_column_family_handle(name)
-                writer, last = _BatchWriter(backend.db), None
-                for key, value in source.items(from_key=lo):
-                    if key >= hi:
-                        break
+                writer = _BatchWriter(backend.db)
+                for key, value in scan(source, lo, hi):
                     writer.put(key, value, target)
                     writer.write_if_full()
-                    last = key
-                else:
-                    check_scan_end(source, last, lo)
                 writer.close()
                 del source
         self._note_states(handle)

@@ -21,16 +21,10 @@ from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 from statekit.backends.base import SnapshotRun, StateMeta
 from statekit.backends.kvformat import KvStateData, handle_header, kv_handle, write_kv_state
 from statekit.backends.kvschema import check_kind, check_state_count
-from statekit.backends.rocksdb.ahead import Ahead, by_kind, reusable
+from statekit.backends.rocksdb.ahead import Ahead, by_kind, reusable, sst_files
 from statekit.backends.rocksdb.changelog import WalChangelog, check_changelog, check_pieces
 from statekit.backends.rocksdb.db import Unusable, open_db
-from statekit.backends.rocksdb.encoding import (
-    check_scan_end,
-    drop_expired,
-    expired,
-    grouped,
-    raise_stopped,
-)
+from statekit.backends.rocksdb.encoding import drop_expired, expired, grouped, raise_stopped, scan
 from statekit.backends.rocksdb.heap_timers import HeapTimerOwner, HeapTimers, check_heap_timers
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
@@ -199,8 +193,7 @@ class RocksDBSnapshotStrategy:
             native = self._native_checkpoint(f"mat-{checkpoint_id}")
             # reusable: the last confirmed files and the materialization this one extends
             # (switched to now, its files uploaded by completed checkpoints)
-            base = ({**backend.confirmed, **chain[0]["sst"], **chain[0].get("pieces", {})}
-                    if backend.incremental else {})
+            base = {**backend.confirmed, **sst_files(chain[0])} if backend.incremental else {}
             changelog.ahead = Ahead(
                 native, changelog.position(native, backend.db_path, list(backend.cfs)), info,
                 handle_header(backend, ROCKSDB_FORMAT), backend.incremental, base, taken)
@@ -218,7 +211,7 @@ class RocksDBSnapshotStrategy:
             if timers:
                 handle["heap_timers"] = timers
             if backend.incremental:
-                backend.track_upload(checkpoint_id, {**handle["sst"], **handle.get("pieces", {})})
+                backend.track_upload(checkpoint_id, sst_files(handle))
             return handle
 
         return self._run_of(work, heap_timers, target, start)
@@ -314,12 +307,9 @@ class RocksDBSnapshotStrategy:
                 cf = db.get_column_family(name)
                 handle = db.get_column_family_handle(name)
                 batch = WriteBatch(raw_mode=True)
-                last = None
-                for key, value in cf.items():
+                for key, value in scan(cf):
                     if value and expired(value, limit):
                         batch.delete(key, handle)
-                    last = key
-                check_scan_end(cf, last)
                 if len(batch):
                     db.write(batch)
                     cf.flush()
@@ -342,8 +332,6 @@ class RocksDBSnapshotStrategy:
 
         files.update(backend.pool_map(upload, todo))
         groups = by_kind(files)  # (pieces: reused from a changelog's materialization)
-        if not groups["pieces"]:
-            del groups["pieces"]
         if incremental:
             backend.track_upload(checkpoint_id, files)
         return {
