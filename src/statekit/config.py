@@ -295,6 +295,12 @@ OPTIONS: tuple[Option, ...] = (
            "Restore heap state lazily: keys are indexed at restore and values stay serialized "
            "until first accessed or decoded by a background thread, so processing starts "
            "before the state is decoded; checkpoints write still-serialized values through."),
+    Option("state.backend.heap.snapshot-key-group-order", choice("auto", "true", "false"), "auto",
+           "Write full heap snapshots by key group, each part recording the key groups it holds, "
+           "so a rescaling restore reads only the parts of the key groups it takes over (as "
+           "Flink's heap backend does). It costs a hash of every key per full snapshot: 1.1x the "
+           "time with 1 KiB values, 2.3x with 100-byte values. auto: when the task holds part "
+           "of the key groups (parallelism above 1, foreach_batch routed by key group)."),
     Option("state.backend.heap.snapshot-pace", at_least(parse_float, 0, 1000), "4.0",
            "Seconds the snapshot thread yields per second of work while processing runs "
            "(at most 1000); it works in turns of at most 0.8 ms, so no element waits longer: 4 "

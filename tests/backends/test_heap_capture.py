@@ -86,7 +86,10 @@ def restored(acc: CheckpointStorageAccess, handle: dict[str, Any], keys: range
              ) -> dict[str, dict[int, Any]]:
     backend = make()
     backend.restore([handle], acc.reader())
-    return dump(backend, keys)
+    try:
+        return dump(backend, keys)
+    finally:
+        backend.dispose()
 
 
 def apply(backend: HeapKeyedStateBackend, op: tuple[str, int, int]) -> None:
@@ -253,6 +256,7 @@ def test_capture_under_concurrent_changes_on_another_thread(incremental: bool) -
     chain = make()
     chain.restore([acc.load(2)["tasks"]["t"]], acc.reader())
     assert dump(chain, range(keys + 500)) == expected
+    chain.dispose()
     assert dump(backend, range(keys + 500)) == dump(model, range(keys + 500))
 
 

@@ -365,6 +365,7 @@ def forged(part: bytes, heads: list[list[int]] | None = None
     data, locations = streams.write_parts([part], state_name="c")
     entry = {**handle["states"]["c"], "data": data, "parts": locations}
     entry.pop("heads")
+    entry.pop("groups")  # as written before parts recorded their key groups
     if heads is not None:
         entry["heads"] = heads
     return {**handle, "states": {"c": entry}}, acc

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import shutil
 import subprocess
 import sys
@@ -80,19 +81,25 @@ def test_inspection_and_convert_refuse_what_restore_refuses(tmp_path, writer, ch
     chk = f"{job}/chk-2"
     with pytest.raises(CorruptCheckpointError) as restored:
         restore_and_read(writer, chk)
-    message = "outside the key groups"
-    assert message in str(restored.value)
+    # keys outside their task's key groups; heap parts record their own key groups, so there
+    # the metadata check finds the parts' labels outside the task's range first
+    message = r"outside the key groups|groups\[\d+\]: \d+ is outside"
+    assert re.search(message, str(restored.value))
     with pytest.raises(type(restored.value), match=message):
         inspect_state(chk)
-    view = open_checkpoint(chk)
-    with pytest.raises(type(restored.value), match=message):  # the job's operators, in turn
-        for op in view.operators:
-            convert_savepoint(view, str(tmp_path / "sp"), operator=op)
+    try:
+        view = open_checkpoint(chk)
+    except CorruptCheckpointError as exc:
+        assert re.search(message, str(exc))
+    else:
+        with pytest.raises(type(restored.value), match=message):  # the job's operators, in turn
+            for op in view.operators:
+                convert_savepoint(view, str(tmp_path / "sp"), operator=op)
+        assert len(list((tmp_path / "sp").glob("*/_metadata"))) < len(view.operators)
     result = CliRunner().invoke(main, ["state", "export", chk, "--state", "count", "--to",
                                        str(tmp_path / "out.jsonl"), "--format", "jsonl",
                                        "--operator", "p0"])
     assert result.exit_code == 1 and "damaged checkpoint" in result.output
-    assert len(list((tmp_path / "sp").glob("*/_metadata"))) < len(view.operators)
 
 
 @pytest.mark.parametrize("stamp", [-(2**63), 2**63 - 1, 10**18])

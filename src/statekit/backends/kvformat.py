@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from statekit.backends.kinds import stored_check
 from statekit.backends.kvschema import check_kv_states
+from statekit.backends.plaingroups import meeting, part_ranges
 from statekit.backends.plainheads import check_head, headed, part_index, plain_heads
 from statekit.backends.plainparts import PACE_SLICE
 from statekit.checkpoint import schema
@@ -62,7 +63,8 @@ class IndexedEntry(TypedDict):
 class PlainEntry(TypedDict, total=False):
     """One state as plain parts: ``parts[n] = [offset, length, crc]`` into ``data``, and
     ``heads[n] = [length, crc]`` of each part's head (its array header and keys), so a lazy
-    restore reads and checks the keys alone."""
+    restore reads and checks the keys alone; ``groups[n] = [first, last]`` key group of each
+    part's keys (:mod:`statekit.backends.plaingroups`)."""
 
     layout: Required[list[Any]]
     kind: Required[str]
@@ -70,6 +72,7 @@ class PlainEntry(TypedDict, total=False):
     data: Required[dict[str, Any]]
     parts: Required[list[list[int]]]
     heads: list[list[int]]
+    groups: list[list[int]]
 
 
 def handle_header(backend: KeyedStateBackend, fmt: str) -> HandleHeader:
@@ -261,17 +264,24 @@ def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], 
 
 
 def read_plain_parts(name: str, entry: dict[str, Any], reader: StateReader, *,
-                     owned: bool = False) -> Iterator[bytes | memoryview]:
-    """The parts of a plain state entry, each verified against its checksum (a ``memoryview``
-    is valid until the next part is requested, or for as long as it is kept with ``owned``)."""
-    return reader.read_parts(entry["data"], part_index(name, entry), owned=owned)
+                     owned: bool = False, only: list[int] | None = None
+                     ) -> Iterator[bytes | memoryview]:
+    """The parts of a plain state entry (``only``: these parts), each verified against its
+    checksum (a ``memoryview`` is valid until the next part is requested, or for as long as it
+    is kept with ``owned``)."""
+    locations = part_index(name, entry)
+    if only is not None:
+        locations = [locations[n] for n in only]
+    return reader.read_parts(entry["data"], locations, owned=owned)
 
 
-def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader
-                     ) -> Iterator[tuple[list[Any], list[Any]]]:
-    """Yield ``(plain keys, plain values)`` per part of a plain state entry, each part verified."""
+def read_plain_entry(name: str, entry: dict[str, Any], reader: StateReader,
+                     only: list[int] | None = None) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Yield ``(plain keys, plain values)`` per part of a plain state entry (``only``: of these
+    parts), each part verified."""
     heads = plain_heads(name, entry)
-    for n, part in enumerate(read_plain_parts(name, entry, reader)):
+    picked = range(len(part_index(name, entry))) if only is None else only
+    for n, part in zip(picked, read_plain_parts(name, entry, reader, only=only), strict=True):
         if heads is not None:
             check_head(name, n, part, heads[n])
         try:
@@ -311,13 +321,17 @@ def plain_in_range(name: str, keys: list[Any], values: list[Any], recorded: KeyG
 def plain_chunks(name: str, entry: dict[str, Any], reader: StateReader, recorded: KeyGroupRange,
                  mine: KeyGroupRange, max_parallelism: int
                  ) -> Iterator[tuple[list[Any], list[Any]]]:
-    """``(plain keys, plain values)`` of a plain entry's parts, the entries inside ``mine`` only,
-    each part checked as every restore checks it: every key inside the key groups its snapshot
-    ``recorded``, the values of the entry's kind and types."""
+    """``(plain keys, plain values)`` of a plain entry's parts, the entries inside ``mine`` only
+    (parts whose recorded key groups miss ``mine`` are not read), each part checked as every
+    restore checks it: every key inside the key groups its part (or snapshot) ``recorded``, the
+    values of the entry's kind and types."""
     check = value_check(name, entry)
-    for keys, values in read_plain_entry(name, entry, reader):
+    ranges = part_ranges(name, entry, recorded)
+    wanted = meeting(ranges, mine)
+    for n, (keys, values) in zip(wanted, read_plain_entry(name, entry, reader, wanted),
+                                 strict=True):
         check(values)
-        yield plain_in_range(name, keys, values, recorded, mine, max_parallelism)
+        yield plain_in_range(name, keys, values, ranges[n], mine, max_parallelism)
 
 
 def check_chunk_keys(name: str, key_group: int, keys: Any, max_parallelism: int) -> None:
@@ -385,7 +399,8 @@ def read_kv_states(
                         keys, values = [keys[i] for i in kept], [values[i] for i in kept]
                     yield name, entry, kg, keys, values
                 continue
-            for keys, values in plain_chunks(name, entry, reader, recorded, recorded,
+            for keys, values in plain_chunks(name, entry, reader, recorded,
+                                             recorded.intersection(key_group_range),
                                              max_parallelism):
                 try:
                     kbs = list(map(plain_key_bytes, keys))

@@ -51,6 +51,8 @@ def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool =
         schema.tiling(parts, f"{path}.parts", size)
         if "heads" in entry:
             _check_heads(entry["heads"], parts, f"{path}.heads")
+        if "groups" in entry:
+            _check_part_groups(entry["groups"], parts, f"{path}.groups", recorded)
         return
     index = schema.mapping(entry.get("index"), f"{path}.index")
     for kg, loc in index.items():
@@ -69,6 +71,20 @@ def _check_heads(heads: Any, parts: list[list[int]], path: str) -> None:
             raise schema.fail(where, "expected [length, crc]")
         schema.integer(head[0], where, 2, max(2, part[1]))
         schema.integer(head[1], where, 0, (1 << 32) - 1)
+
+
+def _check_part_groups(groups: Any, parts: list[list[int]], path: str,
+                       recorded: KeyGroupRange) -> None:
+    """``[first, last]`` key group of each part: one per part, inside the recorded range (a
+    restore skips the parts whose range misses its own)."""
+    if len(schema.sequence(groups, path)) != len(parts):
+        raise schema.fail(path, f"{len(groups)} key-group ranges for {len(parts)} parts")
+    for n, pair in enumerate(groups):
+        where = f"{path}[{n}]"
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise schema.fail(where, "expected [first, last]")
+        first = schema.integer(pair[0], where, recorded.start, recorded.end)
+        schema.integer(pair[1], where, first, recorded.end)
 
 
 def check_states(states: Any, path: str, recorded: KeyGroupRange, *, plain: bool = True) -> None:

@@ -66,11 +66,12 @@ def check_head(name: str, n: int, part: bytes | memoryview, head: Any) -> None:
                                      "recorded length and checksum")
 
 
-def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
+def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader,
+                   only: list[int] | None = None
                    ) -> Iterator[tuple[list[int], list[int], list[Any]]]:
     """``(location, [head length, head crc], plain keys)`` of each part of a plain entry that
-    records heads, in order: only the heads are read (:meth:`StateReader.read_ranges`) and each
-    is checked against its checksum."""
+    records heads (``only``: of these parts), in order: only the heads are read
+    (:meth:`StateReader.read_ranges`) and each is checked against its checksum."""
     heads = plain_heads(name, entry)
     assert heads is not None
     locations, data = part_index(name, entry), entry["data"]
@@ -92,6 +93,7 @@ def read_head_keys(name: str, entry: dict[str, Any], reader: StateReader
             raise CorruptCheckpointError(f"state '{name}' part {n}: malformed")
         return keys
 
-    ranges = [[loc[0], size, crc] for loc, (size, crc) in zip(locations, checked, strict=True)]
-    for n, head in enumerate(reader.read_ranges(data, ranges)):
+    picked = range(len(locations)) if only is None else only
+    ranges = [[locations[n][0], *checked[n]] for n in picked]
+    for n, head in zip(picked, reader.read_ranges(data, ranges), strict=True):
         yield locations[n], checked[n], keys_of(n, head)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from statekit.serde.msgpack import packb
+from statekit.serde.msgpack import array_header, packb
 
 #: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: large
 #: enough that the writer and reader threads hand the GIL over rarely, small enough to pace
@@ -54,16 +54,9 @@ def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
                         value_plain=value_plain, pace=pace)
 
 
-def _array_header(n: int) -> bytes:
-    """The header msgpack writes before an ``n``-element array."""
-    if n <= 15:
-        return bytes([0x90 | n])
-    return b"\xdc" + n.to_bytes(2, "big") if n <= 0xFFFF else b"\xdd" + n.to_bytes(4, "big")
-
-
-def _items(values: Sequence[Any]) -> memoryview:
+def packed_items(values: Sequence[Any]) -> memoryview:
     """``packb(values)`` without its array header: the items' encodings, to join with others'."""
-    return memoryview(packb(values))[len(_array_header(len(values))):]
+    return memoryview(packb(values))[len(array_header(len(values))):]
 
 
 def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
@@ -119,12 +112,12 @@ def _stepped_parts(take: Take, plain: Callable[[Any, Any], tuple[Sequence[Any], 
             ks, vs = plain(*chunk)
             if not ks:
                 continue
-            key_items.append(_items(ks))
-            value_items.append(_items(vs))
+            key_items.append(packed_items(ks))
+            value_items.append(packed_items(vs))
             n += len(ks)
             size += len(key_items[-1]) + len(value_items[-1])
             per_entry = max(1, size // n)
         if n:
-            head = _array_header(n)
+            head = array_header(n)
             yield b"".join([b"\x92", head, *key_items, head, *value_items])
             count = max(1, min(_MAX_PART_ENTRIES, n * PACED_PART_BYTES // max(1, size)))

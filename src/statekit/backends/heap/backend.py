@@ -74,7 +74,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                  using_asynchronous_snapshots: bool = True, *, incremental: bool = False,
                  materialization_interval: int = 10, max_log_ratio: float = 0.5,
                  pace_ratio: float = 1.0, snapshot_mode: str = "thread",
-                 lazy_restore: bool = True) -> None:
+                 lazy_restore: bool = True, key_group_order: bool = True) -> None:
         super().__init__(key_serializer, key_group_range, max_parallelism, clock,
                          using_asynchronous_snapshots)
         # set_current_key's fast path: key types that pass without a call; INT and LONG keys
@@ -93,6 +93,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.snapshot_mode = check_snapshot_mode(snapshot_mode)
         # restored values stay serialized until first needed (a background thread decodes ahead)
         self.lazy_restore = lazy_restore
+        # full snapshots sorted by key group (a rescale reads only its key groups' parts)
+        self.key_group_order = key_group_order
         # the handle of the last confirmed (complete) incremental checkpoint: a valid base
         self._confirmed: dict[str, Any] | None = None
         # in-flight incremental attempts: dirty keys each captured, and its handle once written

@@ -17,7 +17,7 @@ from statekit.configurable import Setting, apply_settings
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
-from statekit.values import checked_int, parse_bool, parse_float, parse_int
+from statekit.values import checked_int, choice, parse_bool, parse_float, parse_int
 
 
 def _checked(parse: Callable[[str, Any], Any], rule: Callable[[Any], bool], wording: str
@@ -42,6 +42,8 @@ _RATIO_KEY = "state.backend.heap.max-log-ratio"
 _PACE_KEY = "state.backend.heap.snapshot-pace"
 _THREADS_KEY = "state.backend.heap.transfer.thread.num"
 _LAZY_KEY = "state.backend.heap.lazy-restore"
+_ORDER_KEY = "state.backend.heap.snapshot-key-group-order"
+_ORDER = choice("auto", "true", "false")
 
 #: the heap backend's flat keys (a setting made in code wins over them)
 _SETTINGS = (
@@ -52,6 +54,7 @@ _SETTINGS = (
     Setting("_pace", (_PACE_KEY,), _PACE),
     Setting("_mode", ("state.backend.heap.snapshot-mode",), lambda k, v: check_snapshot_mode(v, k)),
     Setting("_lazy", (_LAZY_KEY,)),
+    Setting("_order", (_ORDER_KEY,), _ORDER),
     Setting("_threads", (_THREADS_KEY,)),
     Setting("_async", ("state.backend.async", "execution.checkpointing.async"), given="_async_given"),
 )
@@ -66,8 +69,11 @@ class HashMapStateBackend(StateBackend):
     ``state.backend.incremental``), ``state.backend.heap.materialization-interval``,
     ``state.backend.heap.max-log-ratio``, ``state.backend.heap.snapshot-mode`` (thread|fork),
     ``state.backend.heap.snapshot-pace``, ``state.backend.heap.lazy-restore``,
-    ``state.backend.async``.  ``lazy_restore`` (default true): restored values stay serialized
-    until first accessed or decoded by a background thread.
+    ``state.backend.heap.snapshot-key-group-order``, ``state.backend.async``.
+    ``lazy_restore`` (default true): restored values stay serialized until first accessed or
+    decoded by a background thread.  ``key_group_order`` (``auto``, ``true`` or ``false``; default
+    ``auto``: when a task holds part of the key groups): full snapshots are written by key group,
+    so a rescale reads only the parts of its key groups.
     """
 
     name = "hashmap"
@@ -77,7 +83,8 @@ class HashMapStateBackend(StateBackend):
                  max_log_ratio: float | None = None,
                  number_of_transfering_threads: int | None = None,
                  snapshot_mode: str | None = None, snapshot_pace: float | None = None,
-                 lazy_restore: bool | None = None) -> None:
+                 lazy_restore: bool | None = None,
+                 key_group_order: bool | str | None = None) -> None:
         super().__init__(using_asynchronous_snapshots)
         # None: not set in code, so a flat key may set it and the getter's default applies
         self._async_given = using_asynchronous_snapshots
@@ -91,6 +98,8 @@ class HashMapStateBackend(StateBackend):
         self._ratio: float | None = None if max_log_ratio is None else _RATIO(_RATIO_KEY, max_log_ratio)
         self._pace: float | None = None if snapshot_pace is None else _PACE(_PACE_KEY, snapshot_pace)
         self._lazy: bool | None = None if lazy_restore is None else parse_bool(_LAZY_KEY, lazy_restore)
+        self._order: str | None = (None if key_group_order is None
+                                   else _ORDER(_ORDER_KEY, key_group_order))
 
     def is_incremental_checkpoints_enabled(self) -> bool:
         return bool(self._incremental)
@@ -113,6 +122,11 @@ class HashMapStateBackend(StateBackend):
     def is_lazy_restore_enabled(self) -> bool:
         """Whether restored values stay serialized until first needed (default true)."""
         return bool(default(_LAZY_KEY) if self._lazy is None else self._lazy)
+
+    def get_key_group_order(self) -> str:
+        """``auto`` (the default: when a task holds part of the key groups), ``true`` or
+        ``false``: whether full snapshots are written by key group."""
+        return str(default(_ORDER_KEY) if self._order is None else self._order)
 
     def get_number_of_transfering_threads(self) -> int:
         """How many tasks' asynchronous snapshots the local runner writes at once (default 1; one
@@ -145,8 +159,15 @@ class HashMapStateBackend(StateBackend):
             materialization_interval=self.get_materialization_interval(),
             max_log_ratio=self.get_max_log_ratio(), snapshot_mode=self.get_snapshot_mode(),
             pace_ratio=self.get_snapshot_pace(), lazy_restore=self.is_lazy_restore_enabled(),
+            key_group_order=_ordered(self.get_key_group_order(), key_group_range, max_parallelism),
         )
 
     def __repr__(self) -> str:
         return (f"HashMapStateBackend(using_asynchronous_snapshots={self._async}, "
                 f"incremental={bool(self._incremental)})")
+
+
+def _ordered(setting: str, rng: KeyGroupRange, max_parallelism: int) -> bool:
+    """Whether a task's full snapshots are written by key group (``auto``: it holds part of the
+    key groups, so a rescale may split its state)."""
+    return setting == "true" or (setting == "auto" and len(rng) < max_parallelism)

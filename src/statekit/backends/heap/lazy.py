@@ -37,8 +37,8 @@ class LazyPart:
     None for all; otherwise the indices kept by a rescale's key filter).  ``dropped`` holds kept
     keys a later changelog overrode (not to be installed)."""
 
-    __slots__ = ("at", "check", "count", "decoded", "dropped", "failed", "head_crc", "keep",
-                 "keys", "load", "name", "raw", "slot", "source", "unverified")
+    __slots__ = ("at", "check", "count", "decoded", "dropped", "failed", "groups", "head_crc",
+                 "keep", "keys", "load", "name", "raw", "slot", "source", "unverified")
 
     def __init__(self, name: str, raw: bytes | memoryview | None, keys: list[Any], at: int,
                  count: int, keep: list[int] | None, check: Callable[[list[Any]], None], *,
@@ -56,6 +56,8 @@ class LazyPart:
         self.failed = False  # a decode of its values failed (raised wherever they are needed)
         # ``check_keys()`` of keys not checked against their recorded key groups yet
         self.unverified: Callable[[list[Any]], None] | None = None
+        # the key groups its kept keys lie in, ``(first, last)`` (recorded when written through)
+        self.groups: tuple[int, int] = (0, -1)
 
     @property
     def whole(self) -> bool:
@@ -153,7 +155,8 @@ class LazyValues:
     the processing thread when it takes that part (never installed, never written through).
     """
 
-    __slots__ = ("_cond", "_slots", "_stop", "_thread", "parts", "pending")
+    __slots__ = ("_claimed", "_cond", "_reading", "_slots", "_stop", "_thread", "_wanted",
+                 "parts", "pending")
 
     def __init__(self) -> None:
         self.parts: dict[int, LazyPart] = {}  # by slot, in restore order
@@ -165,6 +168,11 @@ class LazyValues:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
+        # slots the background thread is reading now, those the processing thread reads itself,
+        # and the one it waits for: no part is read twice
+        self._reading: set[int] = set()
+        self._claimed: set[int] = set()
+        self._wanted: int | None = None
 
     def add(self, part: LazyPart) -> None:
         """Index a restored part's keys; a key already pending (or twice in the part) is a
@@ -207,10 +215,24 @@ class LazyValues:
 
     def take(self, part: LazyPart) -> tuple[list[Any], list[Any]]:
         """Remove a pending part and return its ``(keys, plain values)`` for installing
-        (processing thread); a failed decode is raised here and the part stays pending."""
-        keys, values = part.entries()
+        (processing thread): a part the background thread is reading is waited for, any other
+        is read here; a failed decode is raised here and the part stays pending."""
+        slot = part.slot
         with self._cond:
-            self.parts.pop(part.slot, None)
+            while (slot in self._reading and part.decoded is None and not part.failed
+                   and not self._stop):
+                self._wanted = slot
+                self._cond.notify_all()
+                self._cond.wait(0.5)
+            self._wanted = None
+            self._claimed.add(slot)
+        try:
+            keys, values = part.entries()
+        finally:
+            with self._cond:
+                self._claimed.discard(slot)
+        with self._cond:
+            self.parts.pop(slot, None)
             part.decoded = None
             self._cond.notify_all()
         deque(map(self.pending.pop, keys, repeat(None)), 0)
@@ -242,29 +264,53 @@ class LazyValues:
     def _run(self) -> None:
         try:
             while True:
-                with self._cond:
+                with self._cond:  # nothing is read while DECODE_AHEAD parts wait to be installed
+                    while not self._stop and self._ahead() >= DECODE_AHEAD:
+                        self._cond.wait(0.5)
                     run = None if self._stop else self._next_run()
+                    self._reading = {part.slot for part in run or ()}
                 if not run:
                     return
                 with contextlib.closing(_read(run)) as reading:
                     for part, raw in reading:
-                        with self._cond:
-                            while not self._stop and sum(p.decoded is not None for p in
-                                                         self.parts.values()) >= DECODE_AHEAD:
-                                self._cond.wait(0.5)
-                            if self._stop:
-                                return
-                            if part.slot not in self.parts:
-                                continue  # installed meanwhile
-                        try:
-                            values = part.values(raw)
-                        except CorruptCheckpointError:  # marked failed: raised where needed
-                            continue
-                        with self._cond:
-                            if part.slot in self.parts:
-                                part.decoded = values
+                        if not self._decode(part, raw):
+                            return
         except Exception:  # unreadable now: the processing thread reads what it needs itself
             return
+        finally:
+            with self._cond:
+                self._reading = set()
+                self._cond.notify_all()
+
+    def _decode(self, part: LazyPart, raw: bytes | memoryview | None) -> bool:
+        """Decode one part the background thread read, at most :data:`DECODE_AHEAD` ahead of
+        the processing thread unless that thread waits for a part (False: stopped)."""
+        slot = part.slot
+        with self._cond:
+            while not self._stop and self._wanted is None and self._ahead() >= DECODE_AHEAD:
+                self._cond.wait(0.5)
+            if self._stop:
+                return False
+            if slot not in self.parts or slot in self._claimed:  # installed or read meanwhile
+                self._reading.discard(slot)
+                self._cond.notify_all()
+                return True
+        try:
+            values = part.values(raw)
+        except CorruptCheckpointError:  # marked failed: raised where needed
+            values = None
+        with self._cond:
+            if values is not None and slot in self.parts:
+                part.decoded = values
+                if part.raw is None and raw is not None:
+                    part.raw = raw  # a snapshot writing it through reads nothing
+            self._reading.discard(slot)
+            self._cond.notify_all()
+        return True
+
+    def _ahead(self) -> int:
+        """Parts decoded and not installed yet."""
+        return sum(p.decoded is not None for p in self.parts.values())
 
     def _next_run(self) -> list[LazyPart]:
         """The next parts to read ahead: the first pending part not yet decoded and those after it
@@ -273,7 +319,7 @@ class LazyValues:
         run: list[LazyPart] = []
         size = 0
         for part in self.parts.values():
-            if part.decoded is not None or part.failed:
+            if part.decoded is not None or part.failed or part.slot in self._claimed:
                 if run:
                     break
                 continue
@@ -298,9 +344,10 @@ class LazyValues:
 
 
 def pending_parts(parts: Iterable[LazyPart], key_plain: Callable[[Any], Any] | None,
-                  pace: Callable[[], None] | None) -> Iterator[bytes]:
-    """Plain parts of a snapshot for parts still pending at its capture: a whole part's bytes
-    unchanged (its values never decoded), the rest re-packed from their pending entries."""
+                  pace: Callable[[], None] | None) -> Iterator[tuple[bytes, tuple[int, int]]]:
+    """Plain parts of a snapshot for parts still pending at its capture, with their key-group
+    ranges: a whole part's bytes unchanged (its values never decoded), the rest re-packed from
+    their pending entries."""
     for part in held(parts):  # kept: the restored files may go once this snapshot completes
         if pace is not None:
             pace()
@@ -310,10 +357,11 @@ def pending_parts(parts: Iterable[LazyPart], key_plain: Callable[[Any], Any] | N
         part.verify()
         raw = part.hold()
         if part.whole:
-            yield raw
+            yield raw, part.groups
             continue
         keys, values = part.entries()
-        yield from plain_parts(keys, values, key_plain=key_plain, pace=pace)
+        for packed in plain_parts(keys, values, key_plain=key_plain, pace=pace):
+            yield packed, part.groups
 
 
 def _same_file(part: LazyPart, after: LazyPart) -> bool:

@@ -23,6 +23,7 @@ from statekit.backends.kvformat import (
     read_plain_parts,
     value_check,
 )
+from statekit.backends.plaingroups import meeting, part_ranges
 from statekit.backends.plainheads import plain_heads, read_head_keys
 from statekit.backends.timers import TIMERS_KIND
 from statekit.checkpoint.reader import StateReader
@@ -101,23 +102,31 @@ class SourceLoad:
         check = value_check(name, entry)
         if restored.lazy is None:
             restored.lazy = LazyValues()
+        ranges = part_ranges(name, entry, self.recorded)
+        wanted = meeting(ranges, self.backend.key_group_range)  # the others are not read
         heads = plain_heads(name, entry)
         if heads is None:
-            for raw in read_plain_parts(name, entry, self.reader, owned=True):
+            for n, raw in zip(wanted, read_plain_parts(name, entry, self.reader, owned=True,
+                                                       only=wanted), strict=True):
                 keys, at, count = read_head(name, raw)
-                self._add(name, restored, LazyPart(name, raw, keys, at, count, None, check))
+                self._add(name, restored, LazyPart(name, raw, keys, at, count, None, check),
+                          ranges[n])
             return
         data, reader = entry["data"], self.reader
-        for location, (size, crc), keys in read_head_keys(name, entry, reader):
+        for n, (location, (size, crc), keys) in zip(
+                wanted, read_head_keys(name, entry, reader, wanted), strict=True):
             self._add(name, restored, LazyPart(name, None, keys, size, len(keys), None, check,
-                                                source=(reader, data, location), head_crc=crc))
+                                                source=(reader, data, location), head_crc=crc),
+                      ranges[n])
 
-    def _add(self, name: str, restored: Restored, part: LazyPart) -> None:
-        """Index the part's keys that this backend keeps (range, key filter), converted."""
+    def _add(self, name: str, restored: Restored, part: LazyPart,
+             recorded: KeyGroupRange) -> None:
+        """Index the part's keys that this backend keeps (range, key filter), converted; every
+        key must lie in the key groups its part ``recorded``."""
         backend = self.backend
         key_ser, rng, maxp = backend.key_serializer, backend.key_group_range, backend.max_parallelism
         keys = part.keys
-        recorded = self.recorded
+        part.groups = (max(recorded.start, rng.start), min(recorded.end, rng.end))
         if key_ser.identity and rng.start <= recorded.start and recorded.end <= rng.end:
             # every key is kept: their key groups are checked before any is used or written
             kept = None

@@ -16,12 +16,13 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol
 
-from statekit.backends.base import SnapshotRun, StateMeta
-from statekit.backends.heap.capture import Capture, dict_reader
+from statekit.backends.base import SnapshotRun
+from statekit.backends.heap.capture import Capture
+from statekit.backends.heap.entries import changelog_blob, table_parts
 from statekit.backends.heap.fork import Part, fork_collect, fork_kill, fork_serialize
 from statekit.backends.heap.lazy import LazyPart, pending_items, pending_parts
 from statekit.backends.kvformat import (
@@ -33,7 +34,8 @@ from statekit.backends.kvformat import (
     write_plain_entry,
 )
 from statekit.backends.kvschema import check_states
-from statekit.backends.plainparts import PACE_SLICE, plain_parts, reader_parts
+from statekit.backends.plaingroups import ranged, recording
+from statekit.backends.plainparts import plain_parts
 from statekit.checkpoint import schema
 from statekit.checkpoint.streams import CheckpointStreams
 from statekit.config import default
@@ -59,6 +61,7 @@ class SnapshotSource(Protocol):
     backend_name: str
     key_check: KeyCheck
     incremental: bool
+    key_group_order: bool
     pace_ratio: float
     current_key: Any
 
@@ -165,52 +168,6 @@ class _Pacer:
         self._mark = time.perf_counter()
 
 
-# --- what a snapshot writes per state ----------------------------------------------------------------
-
-
-def _view_reader(view: Any) -> Any:
-    return dict_reader(view) if isinstance(view, dict) else view.reader()
-
-
-def _table_parts(view: Any, meta: StateMeta, pace: Callable[[], None] | None
-                 ) -> Iterator[bytes]:
-    """A registered state's plain parts, read from the view slice by slice while writing (TTL
-    full-snapshot cleanup drops expired entries)."""
-    key_ser, stored = meta.key_serializer, meta.stored_serializer
-    return reader_parts(_view_reader(view), pace=pace, drop=meta.snapshot_filter(),
-                        key_plain=None if key_ser.identity else key_ser.to_plain,
-                        value_plain=None if stored.identity else stored.to_plain)
-
-
-def _changelog_blob(meta: StateMeta, view: Any, keys: Iterable[Any], max_parallelism: int,
-                    pace: Callable[[], None] | None) -> tuple[dict[int, list[int]], bytes] | None:
-    """One state's changes, key-grouped and indexed: per key group ``[puts' keys, puts' values,
-    removed keys]``.  None when nothing changed."""
-    key_ser = meta.key_serializer.serialize
-    val_ser = meta.stored_serializer.serialize
-    drop = meta.snapshot_filter()
-    chunks: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {}
-    for n, key in enumerate(keys, 1):
-        if pace is not None and n % PACE_SLICE == 0:
-            pace()
-        kb = key_ser(key)
-        kg = key_group_for_bytes(kb, max_parallelism)
-        chunk = chunks.get(kg)
-        if chunk is None:
-            chunk = chunks[kg] = ([], [], [])
-        stored = view.get(key)
-        if stored is not None and drop is not None:
-            stored = drop(stored)
-        if stored is None:
-            chunk[2].append(kb)
-        else:
-            chunk[0].append(kb)
-            chunk[1].append(val_ser(stored))
-    if not chunks:
-        return None
-    return indexed_blob(chunks)
-
-
 def _entry_size(entry: dict[str, Any]) -> int:
     return int(entry["data"].get("size", 0))
 
@@ -288,9 +245,10 @@ class HeapSnapshotStrategy:
                 key_plain = None if meta.key_serializer.identity else meta.key_serializer.to_plain
                 out.append((meta.name, meta.kind, meta.layout, "plain",
                             chain(pending_parts(pending, key_plain, pace),
-                                  _table_parts(view, meta, pace))))
+                                  table_parts(view, meta, pace, self.backend.key_group_range,
+                                              maxp, self.backend.key_group_order))))
             else:
-                log = _changelog_blob(meta, view, self.changed[meta.name], maxp, pace)
+                log = changelog_blob(meta, view, self.changed[meta.name], maxp, pace)
                 if log is not None:
                     out.append((meta.name, meta.kind, meta.layout, "index", log))
         if self.materialize:
@@ -313,8 +271,9 @@ class HeapSnapshotStrategy:
                 yield (name, data.kind, data.layout, "index", indexed_blob(groups.chunks))
             else:
                 parts = chain(pending_parts(pending, key_plain, pace),
-                              plain_parts(keys, list(data.data.values()), pace=pace,
-                                          key_plain=key_plain))
+                              ranged(plain_parts(keys, list(data.data.values()), pace=pace,
+                                                 key_plain=key_plain),
+                                     self.backend.key_group_range))
                 yield (name, data.kind, data.layout, "plain", parts)
 
     def finish(self, parts: list[Part]) -> dict[str, Any]:
@@ -327,8 +286,10 @@ class HeapSnapshotStrategy:
         for name, kind, layout, encoding, payload in parts:
             shared = name + suffix if self.incremental else None
             if encoding == "plain":
-                entries[name] = write_plain_entry(streams, name, layout, kind, payload,
-                                                  shared_name=shared)
+                groups: list[list[int]] = []
+                entries[name] = write_plain_entry(streams, name, layout, kind,
+                                                  recording(payload, groups), shared_name=shared)
+                entries[name]["groups"] = groups
             else:
                 index, blob = payload
                 entries[name] = {"layout": layout, "kind": kind, "index": index,
