@@ -32,6 +32,8 @@ from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.keys import plain_key_groups
 from statekit.serde.msgpack import unpackb
 from statekit.serde.types import serializer_for
+from tests.backends.test_heap_lazy_restore import make
+from tests.backends.test_heap_lazy_restore import source as lazy_source
 from tests.backends.test_heap_snapshots import COUNT, LIST, MAP, VALUE, dump, populate
 
 MAXP = 16
@@ -53,12 +55,6 @@ def small_parts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(plaingroups, "MIN_PART_BYTES", 400)
 
 
-def make(rng: KeyGroupRange | None = None, **kw: Any) -> Any:
-    return HashMapStateBackend(**kw).create_keyed_state_backend(
-        key_serializer=serializer_for(Types.LONG()),
-        key_group_range=rng or KeyGroupRange.all(MAXP), max_parallelism=MAXP)
-
-
 def storage() -> CheckpointStorageAccess:
     where = _ROOT[0] / uuid.uuid4().hex
     where.mkdir()
@@ -75,13 +71,8 @@ def checkpoint(backend: Any, acc: CheckpointStorageAccess, cid: int) -> dict[str
 
 
 def source(**kw: Any) -> tuple[dict[str, Any], CheckpointStorageAccess, dict]:
-    backend = make(**{"key_group_order": True, **kw})
-    populate(backend, N)
-    acc = storage()
-    handle = checkpoint(backend, acc, 1)
-    expected = dump(backend, range(N))
-    backend.dispose()
-    return handle, acc, expected
+    """A checkpoint of every key group, written by key group unless ``kw`` says otherwise."""
+    return lazy_source(N, storage(), **{"key_group_order": True, **kw})
 
 
 def in_range(expected: dict, rng: KeyGroupRange) -> dict:

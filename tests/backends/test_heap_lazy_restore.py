@@ -85,10 +85,13 @@ def restored(handle: dict[str, Any], acc: CheckpointStorageAccess, **kw: Any) ->
     return backend
 
 
-def source(n: int = N, **kw: Any) -> tuple[dict[str, Any], CheckpointStorageAccess, dict]:
+def source(n: int = N, acc: CheckpointStorageAccess | None = None, **kw: Any
+           ) -> tuple[dict[str, Any], CheckpointStorageAccess, dict]:
+    """A checkpoint of ``n`` populated keys (in ``acc``, else in memory), its storage, and the
+    state it holds."""
     backend = make(**kw)
     populate(backend, n)
-    acc = access()
+    acc = acc or access()
     handle = checkpoint(backend, acc, 1)
     expected = dump(backend, range(n))
     backend.dispose()
