@@ -52,7 +52,7 @@ def check_entry(entry: Any, path: str, recorded: KeyGroupRange, *, plain: bool =
         if "heads" in entry:
             _check_heads(entry["heads"], parts, f"{path}.heads")
         if "groups" in entry:
-            _check_part_groups(entry["groups"], parts, f"{path}.groups", recorded)
+            check_part_groups(entry["groups"], parts, f"{path}.groups", recorded)
         return
     index = schema.mapping(entry.get("index"), f"{path}.index")
     for kg, loc in index.items():
@@ -73,8 +73,8 @@ def _check_heads(heads: Any, parts: list[list[int]], path: str) -> None:
         schema.integer(head[1], where, 0, (1 << 32) - 1)
 
 
-def _check_part_groups(groups: Any, parts: list[list[int]], path: str,
-                       recorded: KeyGroupRange) -> None:
+def check_part_groups(groups: Any, parts: list[list[int]], path: str,
+                      recorded: KeyGroupRange) -> None:
     """``[first, last]`` key group of each part: one per part, inside the recorded range (a
     restore skips the parts whose range misses its own)."""
     if len(schema.sequence(groups, path)) != len(parts):

@@ -3,9 +3,9 @@
 Each part of a plain entry records the key groups its keys lie in (``groups``: ``[first, last]``
 per part), so a restore that owns only some of a snapshot's key groups (a rescale) reads the
 parts whose range meets its own and nothing else, as Flink's heap backend reads only its key
-groups' offsets.  Every key read is checked against its part's range.  A heap snapshot in
-key-group order (``state.backend.heap.snapshot.key-group-order``) writes parts of a few key
-groups each; without it a part records the task's whole range.  Entries written before the
+groups' offsets.  Every key read is checked against its part's range.  A heap snapshot by
+key group (``state.backend.heap.snapshot-key-group-order``) writes parts of a few key groups
+each; without it a part records the task's whole range.  Entries written before the
 ranges were recorded count as one range, the task's.
 """
 
@@ -17,11 +17,16 @@ from typing import Any
 import numpy as np
 
 from statekit.backends import plainparts
-from statekit.backends.plainparts import PACE_SLICE, Take, packed_items
-from statekit.errors import CorruptCheckpointError
+from statekit.backends.kvschema import check_part_groups
+from statekit.backends.plainparts import (
+    PACE_SLICE,
+    Take,
+    joined_part,
+    packed_items,
+    plain_slices,
+)
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.keys import plain_key_groups
-from statekit.serde.msgpack import array_header
 
 #: a part's key-group range, ``(first, last)``
 Groups = tuple[int, int]
@@ -33,21 +38,14 @@ MIN_PART_BYTES = 1024 * 1024
 
 
 def part_ranges(name: str, entry: dict[str, Any], recorded: KeyGroupRange) -> list[KeyGroupRange]:
-    """Each part's key groups: as the entry records them (inside ``recorded``), else
-    ``recorded`` for every part."""
-    count = len(entry.get("parts") or ())
+    """Each part's key groups: as the entry records them (checked as the metadata pass checks
+    them: one per part, inside ``recorded``), else ``recorded`` for every part."""
+    parts = entry.get("parts") or []
     groups = entry.get("groups")
     if groups is None:
-        return [recorded] * count
-    try:
-        ranges = [KeyGroupRange(int(lo), int(hi)) for lo, hi in groups]
-    except (TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"state '{name}': malformed part key groups") from exc
-    if len(ranges) != count or any(
-            r.end < r.start or r.start < recorded.start or r.end > recorded.end for r in ranges):
-        raise CorruptCheckpointError(f"state '{name}': part key groups outside the recorded "
-                                     f"{recorded.start}-{recorded.end}")
-    return ranges
+        return [recorded] * len(parts)
+    check_part_groups(groups, parts, f"state '{name}'.groups", recorded)
+    return [KeyGroupRange(lo, hi) for lo, hi in groups]
 
 
 def meeting(ranges: list[KeyGroupRange], mine: KeyGroupRange) -> list[int]:
@@ -69,18 +67,16 @@ def ranged(parts: Iterable[bytes], rng: KeyGroupRange) -> Iterator[tuple[bytes, 
 
 class _Bucket:
     """The entries of one bucket of key groups gathered for its next part, packed slice by
-    slice (see :func:`statekit.backends.plainparts.reader_parts`'s paced steps)."""
+    slice (as :func:`statekit.backends.plainparts.reader_parts`'s paced steps are)."""
 
     __slots__ = ("high", "key_items", "low", "n", "size", "value_items")
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
         self.key_items: list[memoryview] = []
         self.value_items: list[memoryview] = []
-        self.n = self.size = 0
-        self.low, self.high = 1 << 30, -1
-
-    def _reset(self) -> None:
-        self.key_items, self.value_items = [], []
         self.n = self.size = 0
         self.low, self.high = 1 << 30, -1
 
@@ -92,11 +88,9 @@ class _Bucket:
         self.low, self.high = min(self.low, low), max(self.high, high)
 
     def flush(self) -> tuple[bytes, Groups]:
-        """The gathered entries as one part (``packb([keys, values])``'s bytes), and its range."""
-        head = array_header(self.n)
-        part = b"".join([b"\x92", head, *self.key_items, head, *self.value_items])
-        out = part, (self.low, self.high)
-        self._reset()
+        """The gathered entries as one part, with its range; the bucket starts empty again."""
+        out = joined_part(self.n, self.key_items, self.value_items), (self.low, self.high)
+        self.clear()
         return out
 
 
@@ -115,20 +109,14 @@ def grouped_parts(take: Take, rng: KeyGroupRange, max_parallelism: int, *,
     count = -(-len(rng) // width)
     target = max(MIN_PART_BYTES, plainparts.PLAIN_PART_BYTES // count)
     buckets = [_Bucket() for _ in range(count)]
+    plain = plain_slices(key_plain, value_plain, drop)
     step = PACE_SLICE if pace is not None else PACE_SLICE * 4
     while (chunk := take(step)) is not None:
         if pace is not None:
             pace()
-        ks, vs = chunk
-        if drop is not None:
-            kept = [(k, v) for k, v in zip(ks, map(drop, vs), strict=True) if v is not None]
-            ks, vs = [k for k, _ in kept], [v for _, v in kept]
+        ks, vs = plain(*chunk)
         if not ks:
             continue
-        if key_plain is not None:
-            ks = [key_plain(k) for k in ks]
-        if value_plain is not None:
-            vs = [value_plain(v) for v in vs]
         groups = plain_key_groups(ks, max_parallelism).astype(np.int64)
         # keys outside ``rng`` (none in a routed task) go to the edge buckets with their true
         # groups: the labels say where they are, and a restore refuses them as before

@@ -59,6 +59,34 @@ def packed_items(values: Sequence[Any]) -> memoryview:
     return memoryview(packb(values))[len(array_header(len(values))):]
 
 
+#: ``plain(keys, values)``: a slice of a state's entries in plain form
+Plain = Callable[[Sequence[Any], Sequence[Any]], "tuple[Sequence[Any], Sequence[Any]]"]
+
+
+def plain_slices(key_plain: Callable[[Any], Any] | None, value_plain: Callable[[Any], Any] | None,
+                 drop: Callable[[Any], Any] | None) -> Plain:
+    """What turns a slice of stored entries into plain ones: ``drop`` (a TTL filter mapping a
+    stored value to None when it is not written), then the key and value conversions."""
+
+    def plain(ks: Sequence[Any], vs: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]]:
+        if drop is not None:
+            kept = [(k, v) for k, v in zip(ks, map(drop, vs), strict=True) if v is not None]
+            ks, vs = [k for k, _ in kept], [v for _, v in kept]
+        if key_plain is not None:
+            ks = [key_plain(k) for k in ks]
+        if value_plain is not None:
+            vs = [value_plain(v) for v in vs]
+        return ks, vs
+
+    return plain
+
+
+def joined_part(n: int, key_items: list[memoryview], value_items: list[memoryview]) -> bytes:
+    """``packb([keys, values])``'s bytes for ``n`` entries packed in steps (:func:`packed_items`)."""
+    head = array_header(n)
+    return b"".join([b"\x92", head, *key_items, head, *value_items])
+
+
 def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
                  value_plain: Callable[[Any], Any] | None = None,
                  drop: Callable[[Any], Any] | None = None,
@@ -71,16 +99,7 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
     call) and the pacer called between them; the part is the same bytes ``packb([keys,
     values])`` writes, so parts stay as large (and as few) as unpaced ones."""
 
-    def plain(ks: Sequence[Any], vs: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]]:
-        if drop is not None:
-            kept = [(k, v) for k, v in zip(ks, map(drop, vs), strict=True) if v is not None]
-            ks, vs = [k for k, _ in kept], [v for _, v in kept]
-        if key_plain is not None:
-            ks = [key_plain(k) for k in ks]
-        if value_plain is not None:
-            vs = [value_plain(v) for v in vs]
-        return ks, vs
-
+    plain = plain_slices(key_plain, value_plain, drop)
     if pace is None:  # nothing shares the GIL: one take and one packb per part
         count = _FIRST_PART_ENTRIES
         while (chunk := take(count)) is not None:
@@ -94,8 +113,7 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
     yield from _stepped_parts(take, plain, pace)
 
 
-def _stepped_parts(take: Take, plain: Callable[[Any, Any], tuple[Sequence[Any], Sequence[Any]]],
-                   pace: Callable[[], None]) -> Iterator[bytes]:
+def _stepped_parts(take: Take, plain: Plain, pace: Callable[[], None]) -> Iterator[bytes]:
     """Parts of up to :data:`PACED_PART_BYTES`, each joined from short packing steps (see
     :func:`reader_parts`)."""
     count, per_entry, ended = _FIRST_PART_ENTRIES, 0, False
@@ -118,6 +136,5 @@ def _stepped_parts(take: Take, plain: Callable[[Any, Any], tuple[Sequence[Any], 
             size += len(key_items[-1]) + len(value_items[-1])
             per_entry = max(1, size // n)
         if n:
-            head = array_header(n)
-            yield b"".join([b"\x92", head, *key_items, head, *value_items])
+            yield joined_part(n, key_items, value_items)
             count = max(1, min(_MAX_PART_ENTRIES, n * PACED_PART_BYTES // max(1, size)))

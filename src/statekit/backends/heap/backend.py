@@ -93,7 +93,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.snapshot_mode = check_snapshot_mode(snapshot_mode)
         # restored values stay serialized until first needed (a background thread decodes ahead)
         self.lazy_restore = lazy_restore
-        # full snapshots sorted by key group (a rescale reads only its key groups' parts)
+        # full snapshots written by key group (a rescale reads only its key groups' parts)
         self.key_group_order = key_group_order
         # the handle of the last confirmed (complete) incremental checkpoint: a valid base
         self._confirmed: dict[str, Any] | None = None

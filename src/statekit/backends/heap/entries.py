@@ -1,5 +1,5 @@
-"""What a heap snapshot writes of one registered state: its table as plain parts (in key-group
-order when the backend asks for it, each part with its key-group range), or its changes as a
+"""What a heap snapshot writes of one registered state: its table as plain parts (by key group
+when the backend asks for it, each part with its key-group range), or its changes as a
 key-grouped changelog.
 """
 
@@ -24,8 +24,8 @@ def table_parts(view: Any, meta: StateMeta, pace: Callable[[], None] | None,
                 rng: KeyGroupRange, max_parallelism: int, ordered: bool
                 ) -> Iterator[tuple[bytes, Groups]]:
     """A registered state's plain parts with their key-group ranges, read from the view slice by
-    slice while writing (TTL full-snapshot cleanup drops expired entries); ``ordered``: sorted
-    by key group, else in table order, every part ranging over ``rng``."""
+    slice while writing (TTL full-snapshot cleanup drops expired entries); ``ordered``: by key
+    group, else in table order, every part ranging over ``rng``."""
     key_ser, stored = meta.key_serializer, meta.stored_serializer
     args: dict[str, Any] = {
         "pace": pace, "drop": meta.snapshot_filter(),

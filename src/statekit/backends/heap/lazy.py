@@ -228,10 +228,12 @@ class LazyValues:
             self._claimed.add(slot)
         try:
             keys, values = part.entries()
-        finally:
+        except BaseException:
             with self._cond:
                 self._claimed.discard(slot)
+            raise
         with self._cond:
+            self._claimed.discard(slot)
             self.parts.pop(slot, None)
             part.decoded = None
             self._cond.notify_all()
