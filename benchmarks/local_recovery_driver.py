@@ -86,9 +86,8 @@ def main() -> None:
         "execution.checkpointing.interval": args.interval, "parallelism.default": 1,
         "state.backend.local-recovery": bool(args.local),
         "taskmanager.state.local.root-dirs": str(root / "local"),
-        "state.backend.rocksdb.localdir": str(root / "work"),
         **({"state.backend.heap.lazy-restore": bool(args.lazy)} if args.backend == "hashmap"
-           else {}),
+           else {"state.backend.rocksdb.localdir": str(root / "work")}),
     })
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(1, 0))
     elements = [(k, True) for k in range(args.keys)] + [(k, False) for k in range(100_000)]

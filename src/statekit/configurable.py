@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from statekit.config import BY_KEY, canonical
+from statekit.errors import ConfigError
 
 
 class Configurable:
@@ -70,3 +71,13 @@ def apply_settings(settings: Iterable[Setting], source: Any, target: Any,
         found, value = setting.value(config)
         if found:
             setattr(target, setting.attribute, value)
+
+
+def refuse_keys_of(config: Mapping[str, Any], prefix: str, owner: str, here: str) -> None:
+    """ConfigError for a key under ``prefix`` (the ``owner`` backend's settings) set on the
+    ``here`` backend, where it could not take effect: refused, never accepted and ignored."""
+    for key, value in config.items():
+        if value is not None and canonical(key).startswith(prefix):
+            raise ConfigError(key, f"a setting of the {owner} state backend, which cannot take "
+                              f"effect on the {here} backend (state.backend.type: {here}); "
+                              "leave it out, or choose that backend")

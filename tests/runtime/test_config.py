@@ -358,3 +358,22 @@ def test_an_unusable_checkpoint_directory_fails_before_the_job_runs(tmp_path, wh
     with pytest.raises(ConfigError, match=r"^state\.checkpoints\.dir"):
         env.from_collection([1, 2]).key_by(lambda x: x).map(seen.append).execute_and_collect("j")
     assert seen == []
+
+
+@pytest.mark.parametrize(("backend", "key", "value"), [
+    ("rocksdb", "state.backend.heap.snapshot-key-group-order", "true"),
+    ("rocksdb", "state.backend.heap.lazy-restore", "false"),
+    ("rocksdb", "state.backend.heap.incremental", "true"),
+    ("hashmap", "state.backend.rocksdb.localdir", "/tmp/statekit-unused"),
+    ("hashmap", "state.backend.rocksdb.timer-service.factory", "HEAP"),
+    ("hashmap", "state.backend.rocksdb.compaction.style", "LEVEL"),
+])
+def test_a_key_of_the_other_backend_is_refused_not_ignored(backend, key, value):
+    """A setting of one backend cannot take effect on the other: the config names it at once."""
+    from statekit.runtime.environment import backend_from_config
+
+    with pytest.raises(ConfigError, match=f"{key}: a setting of the .* state backend, which "
+                                          f"cannot take effect on the {backend} backend"):
+        backend_from_config({"state.backend.type": backend, key: value})
+    other = "hashmap" if backend == "rocksdb" else "rocksdb"
+    assert backend_from_config({"state.backend.type": other, key: value}).name == other

@@ -13,7 +13,7 @@ from statekit.backends.base import StateBackend
 from statekit.backends.heap.backend import HeapKeyedStateBackend
 from statekit.backends.heap.snapshot import DEFAULT_SNAPSHOT_MODE, check_snapshot_mode
 from statekit.config import BY_KEY, canonical, default
-from statekit.configurable import Setting, apply_settings
+from statekit.configurable import Setting, apply_settings, refuse_keys_of
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
@@ -145,6 +145,7 @@ class HashMapStateBackend(StateBackend):
                 raise ConfigError(key, "changelog checkpoints of the write-ahead log are the "
                                   "RocksDB backend's; the heap backend's changelog is "
                                   "state.backend.heap.incremental: true")
+        refuse_keys_of(config, "state.backend.rocksdb.", "rocksdb", self.name)
         new = copy.copy(self)
         apply_settings(_SETTINGS, self, new, config)
         return new

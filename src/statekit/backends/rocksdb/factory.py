@@ -39,7 +39,7 @@ from statekit.backends.rocksdb.options import (
 from statekit.checkpoint.base import CheckpointStorage
 from statekit.checkpoint.streams import safe_name
 from statekit.config import BY_KEY, default
-from statekit.configurable import Setting, apply_settings
+from statekit.configurable import Setting, apply_settings, refuse_keys_of
 from statekit.errors import ConfigError
 from statekit.serde.keygroups import KeyGroupRange
 from statekit.serde.serializers import TypeSerializer
@@ -271,6 +271,7 @@ class EmbeddedRocksDBStateBackend(StateBackend):
 
     def configure(self, config: dict[str, Any]) -> EmbeddedRocksDBStateBackend:
         """A copy with flat configuration keys applied; settings made in code take precedence."""
+        refuse_keys_of(config, "state.backend.heap.", "hashmap", self.name)
         new = copy.copy(self)
         apply_settings(_SETTINGS, self, new, config)
         new._tuning = {**self._tuning, **{key: BY_KEY[key].parse(key, config[key])
