@@ -6,7 +6,7 @@ readers: ``statekit-kv`` parts and key-group chunks through :func:`~statekit.bac
 plain_chunks` / :func:`~statekit.backends.kvformat.indexed_chunks` / :func:`~statekit.backends.
 kvformat.log_chunks` (keys inside the key groups their snapshot records, values of their entry's
 kind and types), native RocksDB checkpoints through the restore's own download and
-:func:`~statekit.backends.rocksdb.restore.check_native_db`.  So whatever a restore refuses, a
+:func:`~statekit.backends.rocksdb.nativefiles.check_native_db`.  So whatever a restore refuses, a
 reader refuses with the same typed error, and none reads state a restore would not.  The files a
 handle references are found by the one walk of :mod:`statekit.checkpoint.handles`, which the
 schema pass, verification, the retention sweep and garbage collection share.
@@ -39,8 +39,8 @@ from statekit.backends.kvformat import (
 )
 from statekit.backends.rocksdb.db import open_db
 from statekit.backends.rocksdb.encoding import grouped
+from statekit.backends.rocksdb.nativefiles import check_native_db, download_native
 from statekit.backends.rocksdb.options import build_options
-from statekit.backends.rocksdb.restore import check_native_db, download_native
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT
 from statekit.checkpoint.blobstore.local import LocalBlobStore
 from statekit.checkpoint.handles import file_handles, file_path

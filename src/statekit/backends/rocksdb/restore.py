@@ -19,18 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rocksdict import Rdict, WriteBatch
 
 from statekit.backends.kvformat import KV_FORMATS, kept_indices, read_kv_states
-from statekit.backends.rocksdb.changelog import append_logs, join_pieces
 from statekit.backends.rocksdb.checks import pinned
 from statekit.backends.rocksdb.db import open_db
-from statekit.backends.rocksdb.encoding import (
-    KG_END,
-    NIL,
-    grouped,
-    kg_after,
-    raise_stopped,
-    scan,
-    split_array,
-)
+from statekit.backends.rocksdb.encoding import KG_END, NIL, grouped, kg_after, scan, split_array
+from statekit.backends.rocksdb.nativefiles import Subset, check_native_db, download_native
 from statekit.backends.rocksdb.snapshot import ROCKSDB_FORMAT, DatabaseOwner
 from statekit.backends.rocksdb.timers import column_families, index_name, ts8
 from statekit.backends.timers import TIMERS_KIND, timer_stamps
@@ -99,86 +91,6 @@ class _BatchWriter:
             self.db.write(self.batch)
 
 
-def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
-                    pool_map: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None,
-                    progress: Callable[[int], None] | None = None,
-                    deferred: list[FileCheck] | None = None) -> None:
-    """Download the files of a native RocksDB checkpoint handle into ``dest`` (each verified for
-    size and CRC-32), on ``pool_map``'s threads when given; ``progress(n)`` per file's bytes.
-    With ``deferred``, the CRC-32 checks of hard-linked SST files are appended to it instead.
-    SSTs uploaded in pieces are joined, every piece checked as it is read."""
-    dest.mkdir(parents=True, exist_ok=True)
-    files = list(handle.get("sst", {}).items()) + list(handle.get("misc", {}).items())
-    pieces = handle.get("pieces", {})
-    if not isinstance(pieces, dict):
-        raise CorruptCheckpointError("malformed pieces in a RocksDB checkpoint")
-    bad = [name for name in [*(name for name, _ in files), *pieces]
-           if not isinstance(name, str) or "/" in name or name.startswith(".") or not name]
-    bad += [name for name in pieces if isinstance(name, str) and not name.endswith(".sst")]
-    if bad:
-        raise CorruptCheckpointError(f"unsafe file name {bad[0]!r} in a RocksDB checkpoint")
-
-    def fetch(item: tuple[str, dict[str, Any]]) -> None:
-        # SST files are immutable: a local-disk store may hard-link them (Flink's local
-        # recovery); MANIFEST, CURRENT, OPTIONS... are copied, RocksDB may rewrite them
-        name, file_handle = item
-        sst = name.endswith(".sst")
-        reader.read_file(file_handle, dest / name, allow_link=sst,
-                         deferred=deferred if sst else None)
-        if progress is not None:
-            progress(int(file_handle.get("size", 0)))
-
-    def join(item: tuple[str, Any]) -> None:
-        join_pieces(item[0], item[1], reader, dest)
-        if progress is not None:
-            progress(int(item[1]["size"]))
-
-    work = [(fetch, item) for item in files] + [(join, item) for item in pieces.items()]
-    if pool_map is None:
-        for fn, item in work:
-            fn(item)
-    else:
-        pool_map(lambda job: job[0](job[1]), work)
-    append_logs(handle, reader, dest)  # a changelog checkpoint: RocksDB replays them on open
-
-
-def _check_recorded_range(cf: Rdict, name: str, recorded: KeyGroupRange) -> None:
-    """CorruptCheckpointError unless the column family's keys lie in the key groups its
-    checkpoint records (keys sort by key group: the first and the last one tell)."""
-    it = cf.iter()
-    try:
-        for seek in (it.seek_to_first, it.seek_to_last):
-            seek()
-            if not it.valid():
-                raise_stopped(it)  # (empty, or unreadable)
-                return
-            key = it.key()
-            if len(key) < 2 or int.from_bytes(key[:2], "big") not in recorded:
-                raise CorruptCheckpointError(
-                    f"state '{name}': the checkpoint holds keys outside the key groups "
-                    f"{recorded.start}..{recorded.end} it records")
-    finally:
-        del it
-
-
-def check_native_db(db: Rdict, handle: dict[str, Any]) -> None:
-    """The checks every reader of a native RocksDB checkpoint makes once it is opened: each
-    state the handle records has its column family, holding keys only of the key groups the
-    handle records (a handle relabelled with another range, or a state renamed, would otherwise
-    read as empty)."""
-    recorded = KeyGroupRange.of(handle["key_group_range"])
-    for name in column_families(handle["states"]):
-        try:
-            cf = db.get_column_family(name)
-        except Exception:  # rocksdict raises a bare Exception for a missing column family
-            raise CorruptCheckpointError(
-                f"state '{name}' has no column family in its RocksDB checkpoint") from None
-        try:
-            _check_recorded_range(cf, name, recorded)
-        finally:
-            del cf
-
-
 def filters_natively(handle: dict[str, Any], max_parallelism: int) -> bool:
     """Whether a restore keeps some keys of this handle by reading its files directly: a native
     handle of ``max_parallelism`` without timers (timers take the conversion to a savepoint)."""
@@ -238,7 +150,10 @@ class RocksDBRestoreOperation:
         if native:
             _, base, base_reader = native[0]
             deferred: list[FileCheck] | None = [] if backend.lazy_restore else None
-            self._download(base, base_reader, backend.db_path, deferred)
+            # whole, its files at their levels: repair would put a subset in level 0, and
+            # compaction would rewrite all of it
+            download_native(base, base_reader, backend.db_path, backend.pool_map,
+                            deferred=deferred)
             side = backend.instance_dir / f"checks-{uuid.uuid4().hex[:8]}"
             if deferred:  # linked before RocksDB opens, and may compact, the files
                 deferred = pinned(deferred, side)
@@ -305,26 +220,44 @@ class RocksDBRestoreOperation:
         for name, entry in handle["states"].items():
             self._note_state(name, entry)
 
-    def _download(self, handle: dict[str, Any], reader: StateReader, dest: Path,
-                  deferred: list[FileCheck] | None = None) -> None:
-        download_native(handle, reader, dest, self.backend.pool_map, deferred=deferred)
+    def _download_for_copy(self, handle: dict[str, Any], reader: StateReader, dest: Path
+                           ) -> Subset | None:
+        """Download a native handle to copy keys from into ``dest``: only the SST files holding
+        this backend's key groups when it holds others too, and then which (else None)."""
+        backend = self.backend
+        only = None
+        theirs = KeyGroupRange.of(handle["key_group_range"])
+        if len(theirs.intersection(backend.key_group_range)) < len(theirs):
+            only = Subset.plan(handle, reader, theirs.intersection(backend.key_group_range),
+                               backend.max_parallelism, backend.options,
+                               backend.instance_dir / f"probe-{uuid.uuid4().hex[:8]}")
+        download_native(handle, reader, dest, backend.pool_map, only=only,
+                        options_factory=backend.options)
+        return only
 
     @contextlib.contextmanager
     def _opened(self, handle: dict[str, Any], reader: StateReader
-                ) -> Iterator[tuple[Rdict, bytes, bytes]]:
+                ) -> Iterator[tuple[Rdict, bytes, bytes, Callable[[str], Rdict | None]]]:
         """Another partition's native checkpoint, downloaded beside this database and opened
-        read-only and checked: ``(database, lo, hi)``, the key range of this backend's key groups
-        in it; removed afterwards."""
+        read-only and checked: ``(database, lo, hi, family)``, the key range of this backend's
+        key groups in it and each state's column family (None: no key of this range); removed
+        afterwards."""
         backend = self.backend
         theirs = KeyGroupRange.of(handle["key_group_range"]).intersection(backend.key_group_range)
         lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
         tmp = Path(tempfile.mkdtemp(prefix="restore-", dir=backend.instance_dir))
         try:
-            self._download(handle, reader, tmp / "db")
+            only = self._download_for_copy(handle, reader, tmp / "db")
             src = open_db(tmp / "db", backend.options, read_only=True)
+
+            def family(name: str) -> Rdict | None:
+                if only is not None and name not in only.present:
+                    return None  # checked: the checkpoint has it, the kept files hold none of it
+                return src.get_column_family(name)
+
             try:
-                check_native_db(src, handle)
-                yield src, lo, hi
+                check_native_db(src, handle, only)
+                yield src, lo, hi, family
             finally:
                 src.close()
         finally:
@@ -333,10 +266,12 @@ class RocksDBRestoreOperation:
     def _copy_from(self, handle: dict[str, Any], reader: StateReader) -> None:
         """Copy the in-range key groups of another partition's checkpoint into this database."""
         backend = self.backend
-        with self._opened(handle, reader) as (src, lo, hi):
+        with self._opened(handle, reader) as (_, lo, hi, family):
             for name in column_families(handle["states"]):
-                source = src.get_column_family(name)
                 backend.cf(name)
+                source = family(name)
+                if source is None:
+                    continue
                 target = backend.db.get_column_family_handle(name)
                 writer = _BatchWriter(backend.db)
                 for key, value in scan(source, lo, hi):
@@ -404,14 +339,16 @@ class RocksDBRestoreOperation:
         partition's native checkpoint, read directly from its files (a rescale): what a
         conversion to a savepoint and back would keep, without writing and reading it."""
         backend = self.backend
-        with self._opened(handle, reader) as (src, lo, hi):
+        with self._opened(handle, reader) as (_, lo, hi, family):
             writer = _BatchWriter(backend.ensure_open())
             for name, entry in handle["states"].items():
                 if name in skip_states:
                     continue
                 self._note_state(name, entry)
                 backend.cf(name)
-                source = src.get_column_family(name)
+                source = family(name)
+                if source is None:
+                    continue
                 for kg, keys, values in _chunks(grouped(source, entry["kind"], lo, hi)):
                     unpacked = unpack_each(keys) if key_check or key_filter else None
                     if key_check is not None:
