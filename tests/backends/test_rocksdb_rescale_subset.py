@@ -5,14 +5,17 @@ restored short of keys."""
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rocksdict import Options
 
 from statekit import EmbeddedRocksDBStateBackend
+from statekit.backends.rocksdb.nativefiles import Subset
 from statekit.checkpoint.handles import file_path
 from statekit.errors import CorruptCheckpointError
 from statekit.serde.keygroups import KeyGroupRange
@@ -220,3 +223,19 @@ def test_a_damaged_manifest_is_refused(tmp_path):
     data[len(data) // 2] ^= 0xFF
     entry["data"] = bytes(data)  # the CRC-32 no longer matches
     refused(parts, access, "checksum|CRC")
+
+
+def test_a_checkpoint_with_entries_in_its_logs_is_read_whole(tmp_path):
+    """Repair would replay a log's entries over files that may hold newer, compacted values."""
+    access, parts, _ = halves(tmp_path)
+    handle = parts[0]
+    plan = functools.partial(Subset.plan, reader=access.reader(), want=KeyGroupRange(48, 63),
+                             max_parallelism=128, options_factory=lambda: Options(raw_mode=True),
+                             probe=tmp_path / "probe")
+    assert plan(handle) is not None
+    log = next(n for n in handle["misc"] if n.endswith(".log"))
+    data = b"\x00" * 64
+    handle["misc"][log] = {"type": "inline", "data": data, "size": len(data),
+                           "crc": zlib.crc32(data)}
+    assert plan(handle) is None
+    assert plan({**parts[1], "changelog": {"segments": []}}) is None

@@ -6,9 +6,9 @@ with its key group: so the files that hold none of a restore's key groups are kn
 MANIFEST alone (a read-only open of the metadata files, no SST read).  A restore that copies keys
 out of another partition's checkpoint downloads only the files kept, and RocksDB's repair writes
 a MANIFEST of them (the copy reads them read-only; repair puts every file in level 0, which is why
-a database restored to be written to is taken whole instead).  A checkpoint with changelog logs is
-read whole too: repair would replay every log entry, including those its files already hold in a
-compacted form.
+a database restored to be written to is taken whole instead).  A checkpoint with entries in its
+logs (changelog checkpoints) is read whole too: repair would replay every log entry, including
+those its files already hold in a compacted form.
 """
 
 from __future__ import annotations
@@ -74,10 +74,12 @@ class Subset:
              max_parallelism: int, options_factory: Callable[[], Options], probe: Path
              ) -> Subset | None:
         """The files to read for the key groups ``want`` of this handle, or None when the whole
-        checkpoint is read (every file needed, or changelog logs).  ``probe`` is
+        checkpoint is read (every file needed, or entries in logs).  ``probe`` is
         a scratch directory for the metadata files, removed afterwards."""
-        if handle.get("changelog"):
-            return None
+        if handle.get("changelog") or any(
+                name.endswith(".log") and int(h.get("size", 1)) > 0
+                for name, h in handle.get("misc", {}).items()):
+            return None  # entries in logs: only a whole open replays them in order
         ssts = set(handle.get("sst", {})) | set(handle.get("pieces", {}))
         try:
             probe.mkdir(parents=True)
