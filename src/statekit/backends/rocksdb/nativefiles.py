@@ -61,12 +61,11 @@ class Subset:
     """The SST files of a native handle that a restore of ``want`` needs (:meth:`plan`), and the
     database built of them alone (:meth:`build`)."""
 
-    def __init__(self, handle: dict[str, Any], bounds: dict[str, Bounds], families: set[str],
-                 keep: set[str]) -> None:
-        self.handle = handle
-        self.bounds = bounds
+    def __init__(self, families: set[str], keep: set[str],
+                 options_factory: Callable[[], Options]) -> None:
         self.families = families
         self.keep = keep
+        self.options_factory = options_factory
         self.present: set[str] = set()  # the column families the kept files hold (build)
 
     @classmethod
@@ -98,15 +97,15 @@ class Subset:
                 and _key_group(last, max_parallelism) >= want.start}
         if len(keep) == len(bounds):
             return None
-        return cls(handle, bounds, families, keep)
+        return cls(families, keep, options_factory)
 
-    def build(self, dest: Path, options_factory: Callable[[], Options]) -> None:
+    def build(self, dest: Path) -> None:
         """Write a MANIFEST for the kept files downloaded in ``dest`` (RocksDB's repair), then
         check that repair kept each of them whole: a file it could not read would otherwise be
         left out silently (the files' own CRC-32 checks are the download's)."""
         try:
-            Rdict.repair(str(dest), options_factory())
-            got, self.present = _probe(dest, options_factory)
+            Rdict.repair(str(dest), self.options_factory())
+            got, self.present = _probe(dest, self.options_factory)
         except CorruptCheckpointError:
             raise
         except Exception as exc:
@@ -121,8 +120,7 @@ class Subset:
 def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
                     pool_map: Callable[[Callable[[Any], Any], list[Any]], list[Any]] | None = None,
                     progress: Callable[[int], None] | None = None,
-                    deferred: list[FileCheck] | None = None, only: Subset | None = None,
-                    options_factory: Callable[[], Options] = Options) -> None:
+                    deferred: list[FileCheck] | None = None, only: Subset | None = None) -> None:
     """Download the files of a native RocksDB checkpoint handle into ``dest`` (each verified for
     size and CRC-32), on ``pool_map``'s threads when given; ``progress(n)`` per file's bytes.
     With ``deferred``, the CRC-32 checks of hard-linked SST files are appended to it instead.
@@ -163,7 +161,7 @@ def download_native(handle: dict[str, Any], reader: StateReader, dest: Path,
     else:
         pool_map(lambda job: job[0](job[1]), work)
     if only is not None:
-        only.build(dest, options_factory)
+        only.build(dest)
         return
     append_logs(handle, reader, dest)  # a changelog checkpoint: RocksDB replays them on open
 

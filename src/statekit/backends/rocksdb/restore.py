@@ -220,34 +220,31 @@ class RocksDBRestoreOperation:
         for name, entry in handle["states"].items():
             self._note_state(name, entry)
 
-    def _download_for_copy(self, handle: dict[str, Any], reader: StateReader, dest: Path
-                           ) -> Subset | None:
-        """Download a native handle to copy keys from into ``dest``: only the SST files holding
-        this backend's key groups when it holds others too, and then which (else None)."""
+    def _download_for_copy(self, handle: dict[str, Any], reader: StateReader, dest: Path,
+                           want: KeyGroupRange) -> Subset | None:
+        """Download a native handle to copy the key groups ``want`` from into ``dest``: only the
+        SST files holding them when it holds others too, and then which (else None)."""
         backend = self.backend
         only = None
-        theirs = KeyGroupRange.of(handle["key_group_range"])
-        if len(theirs.intersection(backend.key_group_range)) < len(theirs):
-            only = Subset.plan(handle, reader, theirs.intersection(backend.key_group_range),
-                               backend.max_parallelism, backend.options,
+        if len(want) < len(KeyGroupRange.of(handle["key_group_range"])):
+            only = Subset.plan(handle, reader, want, backend.max_parallelism, backend.options,
                                backend.instance_dir / f"probe-{uuid.uuid4().hex[:8]}")
-        download_native(handle, reader, dest, backend.pool_map, only=only,
-                        options_factory=backend.options)
+        download_native(handle, reader, dest, backend.pool_map, only=only)
         return only
 
     @contextlib.contextmanager
     def _opened(self, handle: dict[str, Any], reader: StateReader
-                ) -> Iterator[tuple[Rdict, bytes, bytes, Callable[[str], Rdict | None]]]:
+                ) -> Iterator[tuple[bytes, bytes, Callable[[str], Rdict | None]]]:
         """Another partition's native checkpoint, downloaded beside this database and opened
-        read-only and checked: ``(database, lo, hi, family)``, the key range of this backend's
-        key groups in it and each state's column family (None: no key of this range); removed
+        read-only and checked: ``(lo, hi, family)``, the key range of this backend's key groups
+        in it and each state's column family (None: no key of this range); removed
         afterwards."""
         backend = self.backend
         theirs = KeyGroupRange.of(handle["key_group_range"]).intersection(backend.key_group_range)
         lo, hi = backend.kg_prefixes[theirs.start], kg_after(theirs.end, backend.kg_prefixes)
         tmp = Path(tempfile.mkdtemp(prefix="restore-", dir=backend.instance_dir))
         try:
-            only = self._download_for_copy(handle, reader, tmp / "db")
+            only = self._download_for_copy(handle, reader, tmp / "db", theirs)
             src = open_db(tmp / "db", backend.options, read_only=True)
 
             def family(name: str) -> Rdict | None:
@@ -257,7 +254,7 @@ class RocksDBRestoreOperation:
 
             try:
                 check_native_db(src, handle, only)
-                yield src, lo, hi, family
+                yield lo, hi, family
             finally:
                 src.close()
         finally:
@@ -266,7 +263,7 @@ class RocksDBRestoreOperation:
     def _copy_from(self, handle: dict[str, Any], reader: StateReader) -> None:
         """Copy the in-range key groups of another partition's checkpoint into this database."""
         backend = self.backend
-        with self._opened(handle, reader) as (_, lo, hi, family):
+        with self._opened(handle, reader) as (lo, hi, family):
             for name in column_families(handle["states"]):
                 backend.cf(name)
                 source = family(name)
@@ -339,7 +336,7 @@ class RocksDBRestoreOperation:
         partition's native checkpoint, read directly from its files (a rescale): what a
         conversion to a savepoint and back would keep, without writing and reading it."""
         backend = self.backend
-        with self._opened(handle, reader) as (_, lo, hi, family):
+        with self._opened(handle, reader) as (lo, hi, family):
             writer = _BatchWriter(backend.ensure_open())
             for name, entry in handle["states"].items():
                 if name in skip_states:
