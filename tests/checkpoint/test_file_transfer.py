@@ -351,10 +351,12 @@ def test_file_crc_streams(tmp_path):
 PARTS = [b"", b"a" * 10, os.urandom(70_000), b"b" * 5, os.urandom(300_000)]
 
 
+@pytest.mark.parametrize("beside", [False, True])
 @pytest.mark.parametrize("shared", [None, "base"])
-def test_write_parts_round_trip(store, shared):
+def test_write_parts_round_trip(store, shared, beside):
     streams = _streams(store)
-    handle, locations = streams.write_parts(iter(PARTS), state_name="s", shared_name=shared)
+    handle, locations = streams.write_parts(iter(PARTS), state_name="s", shared_name=shared,
+                                            beside=beside)
     data = b"".join(PARTS)
     assert (handle["type"], handle["size"], handle["crc"]) == ("file", len(data), zlib.crc32(data))
     assert [length for _, length, _ in locations] == [len(p) for p in PARTS]
@@ -448,19 +450,40 @@ def test_read_parts_reuses_buffers_and_stops_early(store, monkeypatch):
     parts.close()  # the read-ahead thread stops; nothing hangs
 
 
-def test_write_parts_failing_producer_leaves_nothing(store):
+def test_write_parts_of_reused_buffers(store, monkeypatch):
+    """A state's parts come packed into one reused buffer, each valid until the next is asked
+    for: a store writing each as it comes and one joining them all (holding every part) store
+    the same bytes."""
+    from statekit.backends import plainparts
+    from statekit.serde.msgpack import packb, unpackb
+
+    monkeypatch.setattr(plainparts, "PLAIN_PART_BYTES", 20_000)
+    keys = list(range(5000))
+    values = [os.urandom(n % 90) for n in keys]
+    parts = plainparts.reader_parts(plainparts.slice_reader(keys, values))
+    handle, locations = _streams(store).write_parts(parts, state_name="s")
+    assert handle["type"] == "file" and len(locations) > 10
+    got = [unpackb(bytes(p)) for p in StateReader(store).read_parts(handle, locations)]
+    assert [k for ks, _ in got for k in ks] == keys
+    assert [v for _, vs in got for v in vs] == values
+    assert b"".join(packb(part) for part in got) == store.get(handle["path"])
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_write_parts_failing_producer_leaves_nothing(store, beside):
     def parts():
         yield os.urandom(200_000)
         raise RuntimeError("serializer failed")
 
     streams = _streams(store)
     with pytest.raises(RuntimeError, match="serializer failed"):
-        streams.write_parts(parts(), state_name="s")
+        streams.write_parts(parts(), state_name="s", beside=beside)
     assert store.list() == [] and store.list_temporary() == []
     assert streams.written == []
 
 
-def test_write_parts_failing_store_stops_the_producer(tmp_path, monkeypatch):
+@pytest.mark.parametrize("beside", [False, True])
+def test_write_parts_failing_store_stops_the_producer(tmp_path, monkeypatch, beside):
     store = FsspecBlobStore(str(tmp_path / "root"))
     produced = []
 
@@ -474,7 +497,7 @@ def test_write_parts_failing_store_stops_the_producer(tmp_path, monkeypatch):
 
     monkeypatch.setattr(local_store_module, "_atomic_local_commit", disk_full)
     with pytest.raises(CheckpointError, match="No space left"):
-        _streams(store).write_parts(parts(), state_name="s")
+        _streams(store).write_parts(parts(), state_name="s", beside=beside)
     assert len(produced) < 1000  # the producer stopped early instead of packing everything
     assert store.list() == [] and store.list_temporary() == []
 

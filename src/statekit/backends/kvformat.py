@@ -253,12 +253,13 @@ def log_chunks(name: str, entry: dict[str, Any], reader: StateReader,
 
 
 def write_plain_entry(streams: CheckpointStreams, name: str, layout: list[Any], kind: str,
-                      parts: Iterable[bytes], *, shared_name: str | None = None) -> PlainEntry:
-    """Write the parts of one plain state entry (each written while the next is produced), with
-    the length and checksum of each part's head."""
+                      parts: Iterable[bytes | memoryview], *, shared_name: str | None = None,
+                      beside: bool = False) -> PlainEntry:
+    """Write the parts of one plain state entry as they are produced (``beside``: see
+    :meth:`CheckpointStreams.write_parts`), with the length and checksum of each part's head."""
     heads: list[list[int]] = []
     handle, locations = streams.write_parts(headed(parts, heads), state_name=name,
-                                            shared_name=shared_name)
+                                            shared_name=shared_name, beside=beside)
     return {"layout": layout, "kind": kind, "encoding": "plain", "data": handle,
             "parts": locations, "heads": heads}
 

@@ -53,14 +53,16 @@ def meeting(ranges: list[KeyGroupRange], mine: KeyGroupRange) -> list[int]:
     return [n for n, r in enumerate(ranges) if r.start <= mine.end and mine.start <= r.end]
 
 
-def recording(parts: Iterable[tuple[bytes, Any]], groups: list[list[int]]) -> Iterator[bytes]:
+def recording(parts: Iterable[tuple[bytes | memoryview, Any]], groups: list[list[int]]
+              ) -> Iterator[bytes | memoryview]:
     """The parts' bytes, appending each one's ``[first, last]`` key group to ``groups``."""
     for part, (lo, hi) in parts:
         groups.append([int(lo), int(hi)])
         yield part
 
 
-def ranged(parts: Iterable[bytes], rng: KeyGroupRange) -> Iterator[tuple[bytes, Groups]]:
+def ranged(parts: Iterable[bytes | memoryview], rng: KeyGroupRange
+           ) -> Iterator[tuple[bytes | memoryview, Groups]]:
     """Parts whose keys may lie anywhere in ``rng``."""
     return ((part, (rng.start, rng.end)) for part in parts)
 

@@ -24,7 +24,8 @@ def part_index(name: str, entry: dict[str, Any]) -> list[list[int]]:
         raise CorruptCheckpointError(f"state '{name}': malformed part index") from exc
 
 
-def headed(parts: Iterable[bytes], heads: list[list[int]]) -> Iterator[bytes]:
+def headed(parts: Iterable[bytes | memoryview], heads: list[list[int]]
+           ) -> Iterator[bytes | memoryview]:
     """The parts, recording each one's head in ``heads`` as it passes."""
     for part in parts:
         length = pair_head_length(part)

@@ -1,6 +1,7 @@
 """A plain state entry's parts: ``packb([keys, values])`` chunks produced lazily from a reader
-of ``(keys, values)`` slices, large enough that writer and reader threads hand the GIL over
-rarely; beside a busy processing thread each part is packed in short, paced steps.
+of ``(keys, values)`` slices, each packed into one reused buffer small enough to stay in the CPU's
+cache while it is checksummed and written; beside a busy processing thread each part is packed in
+short, paced steps.
 """
 
 from __future__ import annotations
@@ -8,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from statekit.serde.msgpack import array_header, packb
+from statekit.serde.msgpack import ReusedBuffer, array_header, packb
 
-#: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: large
-#: enough that the writer and reader threads hand the GIL over rarely, small enough to pace
-PLAIN_PART_BYTES = 16 * 1024 * 1024
+#: a plain state entry's parts (one C-level msgpack call each) aim at this many bytes: packed
+#: into a buffer that is still in the CPU's cache when it is checksummed and written (parts of
+#: 16 MiB made a checkpoint of 10^5 small values 1.4x as long, of 10^6 1.15x)
+PLAIN_PART_BYTES = 1024 * 1024
 _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 #: entries serialized between two pacing pauses
 PACE_SLICE = 2048
@@ -43,7 +45,7 @@ def slice_reader(keys: Sequence[Any], values: Sequence[Any]) -> Take:
 def plain_parts(keys: Sequence[Any], values: Sequence[Any], *,
                 key_plain: Callable[[Any], Any] | None = None,
                 value_plain: Callable[[Any], Any] | None = None,
-                pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+                pace: Callable[[], None] | None = None) -> Iterator[bytes | memoryview]:
     """One state's entries as parts of ``packb([keys, values])`` in plain form, produced lazily.
 
     With identity serializers a part is one C-level msgpack call over the objects the table
@@ -90,9 +92,12 @@ def joined_part(n: int, key_items: list[memoryview], value_items: list[memoryvie
 def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
                  value_plain: Callable[[Any], Any] | None = None,
                  drop: Callable[[Any], Any] | None = None,
-                 pace: Callable[[], None] | None = None) -> Iterator[bytes]:
+                 pace: Callable[[], None] | None = None) -> Iterator[bytes | memoryview]:
     """:func:`plain_parts` of the entries ``take`` reads, part by part (``drop``: a TTL filter
     mapping a stored value to None when it is not written).
+
+    Unpaced, each part is packed into one reused buffer: a ``memoryview`` valid until the next
+    part is asked for (a consumer that keeps it gets the next one in a fresh buffer).
 
     Paced (beside a processing thread), a part is gathered from steps of at most
     :data:`PACE_SLICE` entries / :data:`PACED_STEP_BYTES`, each packed on its own (a short C
@@ -100,15 +105,16 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
     values])`` writes, so parts stay as large (and as few) as unpaced ones."""
 
     plain = plain_slices(key_plain, value_plain, drop)
-    if pace is None:  # nothing shares the GIL: one take and one packb per part
-        count = _FIRST_PART_ENTRIES
+    if pace is None:  # nothing shares the GIL: one take and one pack per part, into one buffer
+        count, buffer = _FIRST_PART_ENTRIES, ReusedBuffer()
         while (chunk := take(count)) is not None:
             ks, vs = plain(*chunk)
             if ks:
-                part = packb([ks, vs])
-                yield part
+                part = buffer.pack([ks, vs])
                 count = max(1, min(_MAX_PART_ENTRIES,
                                    len(ks) * PLAIN_PART_BYTES // max(1, len(part))))
+                yield part
+                del part  # the buffer is reused unless the consumer still holds the part
         return
     yield from _stepped_parts(take, plain, pace)
 

@@ -159,6 +159,38 @@ def packb(obj: Any) -> bytes:
         raise SerializationError(str(exc)) from exc
 
 
+class ReusedBuffer:
+    """Packs into one buffer reused from call to call: no fresh memory and no copy per result
+    (a part of a snapshot is megabytes; a new ``bytes`` for each is a copy into memory the
+    kernel faults in page by page).
+
+    Each result is a ``memoryview`` valid until the next :meth:`pack`.  A caller that still holds
+    one then (a queue, a list) keeps it valid: the buffer it views is left alone and the next
+    result goes into a fresh one, so a kept view is never overwritten."""
+
+    __slots__ = ("_packer",)
+
+    def __init__(self) -> None:
+        self._packer: msgpack.Packer | None = None
+
+    def pack(self, obj: Any) -> memoryview:
+        packer = self._packer
+        if packer is not None:
+            try:
+                packer.reset()
+            except BufferError:  # a view of the last result is still held: keep its buffer
+                packer = None
+        if packer is None:
+            packer = self._packer = msgpack.Packer(use_bin_type=True, strict_types=True,
+                                                   default=_ext_default, autoreset=False)
+        try:
+            packer.pack(obj)
+        except (TypeError, OverflowError, ValueError) as exc:
+            self._packer = None  # its buffer may hold a partial result
+            raise SerializationError(str(exc)) from exc
+        return packer.getbuffer()
+
+
 def packed_crcs(values: list[Any]) -> array.array[int]:
     """CRC-32 of each value's encoding, in order (the thread's packer called from C for each:
     a restore checks the key group of every key)."""

@@ -190,6 +190,7 @@ class HeapSnapshotStrategy:
         self.restored: dict[str, Any] = {}
         self.changed: dict[str, set[Any]] = {}
         self.base: dict[str, Any] | None = None
+        self.paced = False  # produced beside a processing thread: written by a helper thread
 
     def capture(self, copy_on_write: bool) -> None:
         """The synchronous part: a :class:`Capture` per table (constant time; the live side saves
@@ -231,6 +232,7 @@ class HeapSnapshotStrategy:
     def produce(self, pace: _Pacer | None, live: bool = False) -> list[Part]:
         """What this snapshot writes, one ``Part`` per state (registered or only restored);
         ``live``: see :meth:`_copied`."""
+        self.paced = pace is not None
         out: list[Part] = []
         maxp = self.backend.max_parallelism
         for table, view in self._copied(pace, live):
@@ -288,7 +290,8 @@ class HeapSnapshotStrategy:
             if encoding == "plain":
                 groups: list[list[int]] = []
                 entries[name] = write_plain_entry(streams, name, layout, kind,
-                                                  recording(payload, groups), shared_name=shared)
+                                                  recording(payload, groups), shared_name=shared,
+                                                  beside=self.paced)
                 entries[name]["groups"] = groups
             else:
                 index, blob = payload

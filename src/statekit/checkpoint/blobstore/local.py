@@ -138,7 +138,7 @@ class LocalBlobStore(PathBlobStore):
             for part in parts:
                 write_all(fd, part)
                 offset += len(part)
-                if advise is not None and offset - started >= _COPY_CHUNK:
+                if advise is not None and offset - started >= _WRITEBACK_CHUNK:
                     # start the disk writes of this stretch now (as the kernel copy does), so
                     # fsync waits less, and drop the stretches written back by now from the page
                     # cache, so later writes reuse their pages instead of faulting in fresh memory
@@ -279,6 +279,9 @@ def _atomic_local_commit(root: str, key: str, fill: Callable[[int], None]) -> No
 
 
 _COPY_CHUNK = 16 * 1024 * 1024
+#: a streamed write starts the disk's writeback of what it wrote once this much is pending: small
+#: enough that the final fsync of a file of a few megabytes waits for its last part only
+_WRITEBACK_CHUNK = 2 * 1024 * 1024
 #: how far ahead of a ranged local read the kernel is asked to read
 _PREFETCH = 128 * 1024 * 1024
 #: errors of ``copy_file_range`` / ``link`` meaning "not supported here": fall back to a plain copy
