@@ -628,3 +628,43 @@ def test_paced_parts_are_the_bytes_packb_writes(entries: int) -> None:
             got += zip(ks, vs, strict=True)
         assert got == expected
     assert len(paced) <= len(unpaced) + 1
+
+
+@pytest.mark.parametrize("writer", ["taker", "other"])
+def test_a_paced_snapshot_hands_its_parts_to_a_writer_thread(writer: str, tmp_path: Any,
+                                                              monkeypatch: Any) -> None:
+    """The thread that took a snapshot writes its parts itself (no GIL hand-overs behind the
+    packing); a snapshot written beside the processing thread, which paces itself, hands them
+    to a writer thread so the writes go on while it yields the GIL.  Both restore exactly."""
+    from statekit.checkpoint.blobstore import local as local_store
+
+    seen: list[str] = []
+    put_parts = local_store.LocalBlobStore.put_parts
+
+    def recording(self: Any, key: str, parts: Any) -> None:
+        seen.append(threading.current_thread().name)
+        put_parts(self, key, parts)
+
+    monkeypatch.setattr(local_store.LocalBlobStore, "put_parts", recording)
+    backend = make()
+    state = backend.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
+    for key in range(5000):
+        backend.set_current_key(key)
+        state.update(key * 3)
+    access = FileSystemCheckpointStorage(str(tmp_path), file_state_size_threshold=0).create_access("job")
+    streams = access.streams(1, "task")
+    run = backend.snapshot(1, streams)
+    handles: list[Any] = []
+    if writer == "taker":
+        handles.append(run.run())
+    else:
+        thread = threading.Thread(target=lambda: handles.append(run.run()), name="snapshotter")
+        thread.start()
+        thread.join()
+    assert seen == (["MainThread"] if writer == "taker" else ["statekit-writer"])
+    restored = make()
+    restored.restore([handles[0]], access.reader())
+    again = restored.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
+    for key in (0, 1234, 4999):
+        restored.set_current_key(key)
+        assert again.value() == key * 3
