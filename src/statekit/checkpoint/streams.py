@@ -112,12 +112,9 @@ class CheckpointStreams:
 
         def checked() -> Iterator[bytes | memoryview]:
             nonlocal whole
-            offset, held = 0, len(head)
-            for n, part in enumerate(chain(head, it)):
-                if n >= held:
-                    self._check(offset + len(part), state_name)
-                elif n == held - 1:
-                    head.clear()  # held parts keep their buffers from being reused
+            offset = 0
+            for part in chain(head, it):
+                self._check(offset + len(part), state_name)
                 locs.append([offset, len(part), crc32(part)])
                 whole = crc32(part, whole)
                 offset += len(part)

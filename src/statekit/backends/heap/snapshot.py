@@ -190,7 +190,6 @@ class HeapSnapshotStrategy:
         self.restored: dict[str, Any] = {}
         self.changed: dict[str, set[Any]] = {}
         self.base: dict[str, Any] | None = None
-        self.paced = False  # produced beside a processing thread: written by a helper thread
 
     def capture(self, copy_on_write: bool) -> None:
         """The synchronous part: a :class:`Capture` per table (constant time; the live side saves
@@ -232,7 +231,6 @@ class HeapSnapshotStrategy:
     def produce(self, pace: _Pacer | None, live: bool = False) -> list[Part]:
         """What this snapshot writes, one ``Part`` per state (registered or only restored);
         ``live``: see :meth:`_copied`."""
-        self.paced = pace is not None
         out: list[Part] = []
         maxp = self.backend.max_parallelism
         for table, view in self._copied(pace, live):
@@ -278,9 +276,10 @@ class HeapSnapshotStrategy:
                                      self.backend.key_group_range))
                 yield (name, data.kind, data.layout, "plain", parts)
 
-    def finish(self, parts: list[Part]) -> dict[str, Any]:
+    def finish(self, parts: list[Part], beside: bool = False) -> dict[str, Any]:
         """Upload the serialized parts and build the task handle (a backend disposed meanwhile
-        fails the snapshot, as Flink's and the RocksDB backend's do)."""
+        fails the snapshot, as Flink's and the RocksDB backend's do); ``beside``: the parts were
+        produced paced beside the processing thread, and a writer thread writes them."""
         streams, backend = self.streams, self.backend
         backend.check_not_disposed()
         suffix = "-base" if self.materialize else "-log"
@@ -291,7 +290,7 @@ class HeapSnapshotStrategy:
                 groups: list[list[int]] = []
                 entries[name] = write_plain_entry(streams, name, layout, kind,
                                                   recording(payload, groups), shared_name=shared,
-                                                  beside=self.paced)
+                                                  beside=beside)
                 entries[name]["groups"] = groups
             else:
                 index, blob = payload
@@ -377,7 +376,7 @@ class ThreadSnapshotRun(SnapshotRun):
         pace = (_Pacer(backend.pace_ratio, lambda: backend.current_key)
                 if backend.pace_ratio > 0 and not taker else None)
         try:
-            return strategy.finish(strategy.produce(pace, live=taker))
+            return strategy.finish(strategy.produce(pace, live=taker), beside=pace is not None)
         finally:
             self._release()
             for _, view in strategy.views:  # what the live side saved, freed here in short steps
