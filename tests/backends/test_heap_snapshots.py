@@ -630,28 +630,33 @@ def test_paced_parts_are_the_bytes_packb_writes(entries: int) -> None:
     assert len(paced) <= len(unpaced) + 1
 
 
+@pytest.mark.parametrize("storage", ["local", "memory"])
 @pytest.mark.parametrize("writer", ["taker", "other"])
-def test_a_paced_snapshot_hands_its_parts_to_a_writer_thread(writer: str, tmp_path: Any,
-                                                              monkeypatch: Any) -> None:
-    """The thread that took a snapshot writes its parts itself (no GIL hand-overs behind the
-    packing); a snapshot written beside the processing thread, which paces itself, hands them
-    to a writer thread so the writes go on while it yields the GIL.  Both restore exactly."""
-    from statekit.checkpoint.blobstore import local as local_store
+def test_who_writes_a_snapshots_parts(writer: str, storage: str, tmp_path: Any,
+                                      monkeypatch: Any) -> None:
+    """The thread that took a snapshot hands its parts to the store itself (the local disk
+    writes them on a writer thread of its own).  A snapshot written beside the processing
+    thread, which paces itself, hands them to a writer thread when the store has none, so the
+    writes go on while it yields the GIL.  Both restore exactly."""
+    from statekit.checkpoint.blobstore.base import BlobStore
+    from statekit.checkpoint.blobstore.local import LocalBlobStore
 
     seen: list[str] = []
-    put_parts = local_store.LocalBlobStore.put_parts
+    cls = LocalBlobStore if storage == "local" else BlobStore
+    put_parts = cls.put_parts
 
     def recording(self: Any, key: str, parts: Any) -> None:
         seen.append(threading.current_thread().name)
         put_parts(self, key, parts)
 
-    monkeypatch.setattr(local_store.LocalBlobStore, "put_parts", recording)
+    monkeypatch.setattr(cls, "put_parts", recording)
     backend = make()
     state = backend.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
     for key in range(5000):
         backend.set_current_key(key)
         state.update(key * 3)
-    access = FileSystemCheckpointStorage(str(tmp_path), file_state_size_threshold=0).create_access("job")
+    root = str(tmp_path) if storage == "local" else f"memory://statekit-who-{uuid.uuid4().hex}"
+    access = FileSystemCheckpointStorage(root, file_state_size_threshold=0).create_access("job")
     streams = access.streams(1, "task")
     run = backend.snapshot(1, streams)
     handles: list[Any] = []
@@ -661,10 +666,17 @@ def test_a_paced_snapshot_hands_its_parts_to_a_writer_thread(writer: str, tmp_pa
         thread = threading.Thread(target=lambda: handles.append(run.run()), name="snapshotter")
         thread.start()
         thread.join()
-    assert seen == (["MainThread"] if writer == "taker" else ["statekit-writer"])
+    expected = {"taker": "MainThread", "other": "snapshotter"}[writer]
+    if writer == "other" and storage == "memory":
+        expected = "statekit-writer"
+    assert seen == [expected]
     restored = make()
     restored.restore([handles[0]], access.reader())
     again = restored.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
     for key in (0, 1234, 4999):
         restored.set_current_key(key)
         assert again.value() == key * 3
+    if storage == "memory":
+        import fsspec
+
+        fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)

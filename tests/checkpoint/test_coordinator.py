@@ -269,6 +269,8 @@ def test_retained_checkpoint_is_kept_while_an_inflight_one_builds_on_it(tmp_path
     restored.set_current_key(1)
     assert state.value() == -1
     coordinator.shutdown()
+    restored.dispose()  # its lazy restore's decoder thread ends with it
+    backend.dispose()
 
 
 def test_prefer_checkpoint_for_recovery(tmp_path: Path) -> None:

@@ -451,9 +451,9 @@ def test_read_parts_reuses_buffers_and_stops_early(store, monkeypatch):
 
 
 def test_write_parts_of_reused_buffers(store, monkeypatch):
-    """A state's parts come packed into one reused buffer, each valid until the next is asked
-    for: a store writing each as it comes and one joining them all (holding every part) store
-    the same bytes."""
+    """A state's parts come packed into a few reused buffers in turn, each left alone while it
+    is held: a store writing each as it comes (the local disk, on its writer thread) and one
+    joining them all (holding every part) store the same bytes."""
     from statekit.backends import plainparts
     from statekit.serde.msgpack import packb, unpackb
 
@@ -469,10 +469,12 @@ def test_write_parts_of_reused_buffers(store, monkeypatch):
     assert b"".join(packb(part) for part in got) == store.get(handle["path"])
 
 
+@pytest.mark.parametrize("before", [1, 4], ids=lambda n: f"after-{n}-parts")
 @pytest.mark.parametrize("beside", [False, True])
-def test_write_parts_failing_producer_leaves_nothing(store, beside):
+def test_write_parts_failing_producer_leaves_nothing(store, beside, before):
     def parts():
-        yield os.urandom(200_000)
+        for _ in range(before):
+            yield os.urandom(200_000)
         raise RuntimeError("serializer failed")
 
     streams = _streams(store)

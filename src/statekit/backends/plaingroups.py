@@ -59,12 +59,16 @@ def recording(parts: Iterable[tuple[bytes | memoryview, Any]], groups: list[list
     for part, (lo, hi) in parts:
         groups.append([int(lo), int(hi)])
         yield part
+        del part  # not held while the next part is packed (into the buffer it views)
 
 
 def ranged(parts: Iterable[bytes | memoryview], rng: KeyGroupRange
            ) -> Iterator[tuple[bytes | memoryview, Groups]]:
     """Parts whose keys may lie anywhere in ``rng``."""
-    return ((part, (rng.start, rng.end)) for part in parts)
+    groups = (rng.start, rng.end)
+    for part in parts:
+        yield part, groups
+        del part  # not held while the next part is packed (into the buffer it views)
 
 
 class _Bucket:

@@ -31,6 +31,7 @@ def headed(parts: Iterable[bytes | memoryview], heads: list[list[int]]
         length = pair_head_length(part)
         heads.append([length, crc32(memoryview(part)[:length])])
         yield part
+        del part  # not held while the next part is packed (into the buffer it views)
 
 
 def plain_heads(name: str, entry: dict[str, Any]) -> list[list[int]] | None:

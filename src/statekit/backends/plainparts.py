@@ -1,5 +1,5 @@
 """A plain state entry's parts: ``packb([keys, values])`` chunks produced lazily from a reader
-of ``(keys, values)`` slices, each packed into one reused buffer small enough to stay in the CPU's
+of ``(keys, values)`` slices, each packed into a reused buffer small enough to stay in the CPU's
 cache while it is checksummed and written; beside a busy processing thread each part is packed in
 short, paced steps.
 """
@@ -16,6 +16,9 @@ from statekit.serde.msgpack import ReusedBuffer, array_header, packb
 #: 16 MiB made a checkpoint of 10^5 small values 1.4x as long, of 10^6 1.15x)
 PLAIN_PART_BYTES = 1024 * 1024
 _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
+#: buffers an unpaced state's parts are packed into in turn: one being written, one queued for
+#: the writer, one being packed (:meth:`CheckpointStreams.write_parts`)
+PART_BUFFERS = 3
 #: entries serialized between two pacing pauses
 PACE_SLICE = 2048
 #: a paced part's size (a snapshot written beside a busy processing thread: joining its packed
@@ -96,8 +99,8 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
     """:func:`plain_parts` of the entries ``take`` reads, part by part (``drop``: a TTL filter
     mapping a stored value to None when it is not written).
 
-    Unpaced, each part is packed into one reused buffer: a ``memoryview`` valid until the next
-    part is asked for (a consumer that keeps it gets the next one in a fresh buffer).
+    Unpaced, each part is packed into one of :data:`PART_BUFFERS` reused buffers: a
+    ``memoryview`` left alone while its consumer holds it (:class:`ReusedBuffer`).
 
     Paced (beside a processing thread), a part is gathered from steps of at most
     :data:`PACE_SLICE` entries / :data:`PACED_STEP_BYTES`, each packed on its own (a short C
@@ -106,7 +109,7 @@ def reader_parts(take: Take, *, key_plain: Callable[[Any], Any] | None = None,
 
     plain = plain_slices(key_plain, value_plain, drop)
     if pace is None:  # nothing shares the GIL: one take and one pack per part, into one buffer
-        count, buffer = _FIRST_PART_ENTRIES, ReusedBuffer()
+        count, buffer = _FIRST_PART_ENTRIES, ReusedBuffer(PART_BUFFERS)
         while (chunk := take(count)) is not None:
             ks, vs = plain(*chunk)
             if ks:

@@ -2,20 +2,20 @@
 combined from the CRCs of consecutive parts without a second pass over the data.
 
 CRC-32 comes from ISA-L (``isal``): the same checksum as zlib's, computed with carry-less
-multiplication at about 14 GB/s here against zlib's 4 GB/s, and it releases the GIL.  A restore
+multiplication at about 14 GB/s here against zlib's 4 GB/s, and it releases the GIL; so does
+combining two CRCs (``crc32_combine``, zlib's operator in C).  A restore
 checks every byte it reads, so a slower CRC showed up directly next to the disk's throughput;
 SHA-256 (1.4 GB/s) would cap it below the disk's.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from isal.isal_zlib import crc32
+from isal.isal_zlib import crc32, crc32_combine
 
 #: one reused, cache-sized buffer: each chunk is checksummed while still in the CPU cache
 _CRC_CHUNK = 1024 * 1024
@@ -69,7 +69,6 @@ def file_crc(local_path: str | os.PathLike[str]) -> tuple[int, int]:
         return crc, total
 
 
-
 def locate(part: bytes | memoryview, offset: int) -> list[int]:
     """``[offset, length, crc32]`` of one part stored at ``offset``."""
     return [offset, len(part), crc32(part)]
@@ -92,42 +91,3 @@ def combined_crc(parts: list[list[int]]) -> int:
     return crc
 
 
-_CRC_POLY = 0xEDB88320
-
-
-def _gf2_times(matrix: list[int], vector: int) -> int:
-    out, row = 0, 0
-    while vector:
-        if vector & 1:
-            out ^= matrix[row]
-        vector >>= 1
-        row += 1
-    return out
-
-
-def _gf2_square(matrix: list[int]) -> list[int]:
-    return [_gf2_times(matrix, matrix[n]) for n in range(32)]
-
-
-@functools.cache
-def _zero_operators() -> tuple[list[int], ...]:
-    """Operator ``i`` advances a CRC-32 over ``2**i`` zero bytes (zlib's ``crc32_combine``)."""
-    one_bit = [_CRC_POLY] + [1 << (n - 1) for n in range(1, 32)]
-    matrix = _gf2_square(_gf2_square(one_bit))  # four zero bits
-    ops = []
-    for _ in range(64):
-        matrix = _gf2_square(matrix)  # 8, 16, 32... zero bits
-        ops.append(matrix)
-    return tuple(ops)
-
-
-def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
-    """CRC-32 of ``A + B`` from ``crc32(A)``, ``crc32(B)`` and ``len(B)`` (no pass over the data)."""
-    ops = _zero_operators()
-    bit = 0
-    while length2:
-        if length2 & 1:
-            crc1 = _gf2_times(ops[bit], crc1)
-        length2 >>= 1
-        bit += 1
-    return crc1 ^ crc2

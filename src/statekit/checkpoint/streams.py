@@ -13,11 +13,10 @@ import re
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from typing import Any
 
 from statekit.checkpoint.blobstore.base import BlobStore
-from statekit.checkpoint.checksum import crc32, crc_while_copying, part_locations
+from statekit.checkpoint.checksum import crc32, crc32_combine, crc_while_copying, part_locations
 from statekit.checkpoint.handles import file_handle, inline_handle
 from statekit.errors import CheckpointError, StateSizeError
 
@@ -84,17 +83,15 @@ class CheckpointStreams:
                     shared_name: str | None = None, beside: bool = False
                     ) -> tuple[dict[str, Any], list[list[int]]]:
         """Store the concatenation of ``parts`` (chunks the caller produces lazily, each valid
-        until the next is asked for); returns the handle, as :meth:`write` of the joined bytes,
-        and ``[offset, length, crc]`` per part.  A result under ``inline_threshold`` becomes
+        while it is held); returns the handle, as :meth:`write` of the joined bytes, and
+        ``[offset, length, crc]`` per part.  A result under ``inline_threshold`` becomes
         inline.  The local disk writes each part as it comes, so the file is never held in
-        memory whole.
+        memory whole, on a helper thread of its own while the next part is produced.
 
-        The store takes the parts on the producing thread, or with ``beside`` on a helper thread
-        while the next part is produced.  ``beside`` suits a producer that paces itself beside
-        a processing thread (the writes go on while it yields the GIL; without it the snapshot
-        took 1.2x as long and the processing thread ran 0.85x as fast); a producer running
-        flat out writes faster itself, since every write a helper returned from waited for the
-        GIL behind the packing (a checkpoint of 10^6 small values took 1.1-1.6x as long)."""
+        ``beside``: the producer paces itself beside a processing thread; a store without a
+        writer of its own then takes the parts on a helper thread, so the writes go on while the
+        producer yields the GIL (without it the snapshot took 1.2x as long and the processing
+        thread ran 0.85x as fast)."""
         it = iter(parts)
         head: list[bytes | memoryview] = []
         total = 0
@@ -106,21 +103,24 @@ class CheckpointStreams:
             head.append(part)
             total += len(part)
             self._check(total, state_name)
+        part = None  # the head holds it until written
         key = self._key(state_name, shared_name)
         locs: list[list[int]] = []
-        whole = 0  # the file's CRC, continued part by part
+        whole = 0  # the file's CRC, combined part by part
 
         def checked() -> Iterator[bytes | memoryview]:
             nonlocal whole
             offset = 0
-            for part in chain(head, it):
+            while (part := head.pop(0) if head else next(it, None)) is not None:
                 self._check(offset + len(part), state_name)
-                locs.append([offset, len(part), crc32(part)])
-                whole = crc32(part, whole)
+                crc = crc32(part)
+                locs.append([offset, len(part), crc])
+                whole = crc32_combine(whole, crc, len(part))
                 offset += len(part)
                 yield part
+                del part  # not held while the next one is produced (its buffer is reused)
 
-        if beside:
+        if beside and not self.store.writes_parts_beside:
             self._put_beside(key, checked())
         else:
             self.store.put_parts(key, checked())

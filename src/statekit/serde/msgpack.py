@@ -160,35 +160,54 @@ def packb(obj: Any) -> bytes:
 
 
 class ReusedBuffer:
-    """Packs into one buffer reused from call to call: no fresh memory and no copy per result
-    (a part of a snapshot is megabytes; a new ``bytes`` for each is a copy into memory the
-    kernel faults in page by page).
+    """Packs into a few buffers reused in turn: no fresh memory and no copy per result (a part
+    of a snapshot is megabytes; a new ``bytes`` for each is a copy into memory the kernel faults
+    in page by page).
 
-    Each result is a ``memoryview`` valid until the next :meth:`pack`.  A caller that still holds
-    one then (a queue, a list) keeps it valid: the buffer it views is left alone and the next
-    result goes into a fresh one, so a kept view is never overwritten."""
+    Each result is a ``memoryview`` into one of ``buffers`` buffers, valid while its holder keeps
+    it: a buffer is packed into again only once no view of its last result is held (msgpack
+    refuses to reset a buffer with views of it), so a kept view is never overwritten.  With
+    ``buffers`` results held at once the next goes into a fresh buffer.  A consumer that writes
+    one part while the next is queued and a third packed needs three."""
 
-    __slots__ = ("_packer",)
+    __slots__ = ("_packers", "_turn")
 
-    def __init__(self) -> None:
-        self._packer: msgpack.Packer | None = None
+    def __init__(self, buffers: int = 1) -> None:
+        self._packers: list[msgpack.Packer | None] = [None] * max(1, buffers)
+        self._turn = 0
 
     def pack(self, obj: Any) -> memoryview:
-        packer = self._packer
-        if packer is not None:
-            try:
-                packer.reset()
-            except BufferError:  # a view of the last result is still held: keep its buffer
-                packer = None
+        packers = self._packers
+        slot = self._free()
+        packer = packers[slot]
         if packer is None:
-            packer = self._packer = msgpack.Packer(use_bin_type=True, strict_types=True,
+            packer = packers[slot] = msgpack.Packer(use_bin_type=True, strict_types=True,
                                                    default=_ext_default, autoreset=False)
+        self._turn = slot  # tried first next time: still in the CPU's cache if released
         try:
             packer.pack(obj)
         except (TypeError, OverflowError, ValueError) as exc:
-            self._packer = None  # its buffer may hold a partial result
+            packers[slot] = None  # its buffer may hold a partial result
             raise SerializationError(str(exc)) from exc
         return packer.getbuffer()
+
+    def _free(self) -> int:
+        """The slot of a buffer nobody views (reset for reuse), the last one used first; when
+        every one is viewed, the last slot's packer is dropped (its views keep its buffer) for a
+        fresh one."""
+        packers, n = self._packers, len(self._packers)
+        for i in range(n):
+            slot = (self._turn + i) % n
+            packer = packers[slot]
+            if packer is None:
+                return slot
+            try:
+                packer.reset()
+            except BufferError:  # a view of its last result is still held
+                continue
+            return slot
+        packers[self._turn] = None
+        return self._turn
 
 
 def packed_crcs(values: list[Any]) -> array.array[int]:

@@ -102,6 +102,13 @@ class BlobStore(ABC):
         return False
 
     @property
+    def writes_parts_beside(self) -> bool:
+        """Whether ``put_parts`` writes on a helper thread of its own while the caller produces
+        the next part (so a caller pacing itself beside a processing thread need not hand the
+        parts to one)."""
+        return False
+
+    @property
     def supports_temporary_files(self) -> bool:
         """Whether interrupted writes can leave temp files behind (see :meth:`list_temporary`)."""
         return False

@@ -31,6 +31,7 @@ from statekit.checkpoint.blobstore.base import (
     write_all,
 )
 from statekit.checkpoint.blobstore.beneath import open_regular
+from statekit.checkpoint.blobstore.partwriter import PartWriter
 from statekit.checkpoint.blobstore.retry import RetryPolicy
 from statekit.errors import (
     CheckpointError,
@@ -59,6 +60,10 @@ class LocalBlobStore(PathBlobStore):
 
     @property
     def supports_streamed_writes(self) -> bool:
+        return True
+
+    @property
+    def writes_parts_beside(self) -> bool:
         return True
 
     @property
@@ -128,23 +133,16 @@ class LocalBlobStore(PathBlobStore):
         return self._read(path, stat_size)
 
     def put_parts(self, key: str, parts: Iterable[bytes]) -> None:
-        """Each part written into the temp file as it arrives, then fsync and rename (not
-        retried: the parts are consumed once)."""
+        """Each part written into the temp file as it arrives (on a helper thread while the
+        next is produced: :class:`PartWriter`), then fsync and rename (not retried: the parts
+        are consumed once)."""
         path = self._path(key)
 
         def fill(fd: int) -> None:
-            advise = getattr(os, "posix_fadvise", None)
-            offset = started = 0
-            for part in parts:
-                write_all(fd, part)
-                offset += len(part)
-                if advise is not None and offset - started >= _WRITEBACK_CHUNK:
-                    # start the disk writes of this stretch now (as the kernel copy does), so
-                    # fsync waits less, and drop the stretches written back by now from the page
-                    # cache, so later writes reuse their pages instead of faulting in fresh memory
-                    advise(fd, started, offset - started, os.POSIX_FADV_DONTNEED)
-                    advise(fd, 0, started, os.POSIX_FADV_DONTNEED)
-                    started = offset
+            with PartWriter(fd) as writer:
+                for part in parts:
+                    writer.add(part)
+                    del part  # not held while the next one is produced (a reused buffer)
 
         try:
             _atomic_local_commit(self.root, key, fill)
@@ -279,9 +277,6 @@ def _atomic_local_commit(root: str, key: str, fill: Callable[[int], None]) -> No
 
 
 _COPY_CHUNK = 16 * 1024 * 1024
-#: a streamed write starts the disk's writeback of what it wrote once this much is pending: small
-#: enough that the final fsync of a file of a few megabytes waits for its last part only
-_WRITEBACK_CHUNK = 2 * 1024 * 1024
 #: how far ahead of a ranged local read the kernel is asked to read
 _PREFETCH = 128 * 1024 * 1024
 #: errors of ``copy_file_range`` / ``link`` meaning "not supported here": fall back to a plain copy

@@ -172,7 +172,7 @@ class BlobStoreConformance:
 
     def test_capabilities_are_flags(self, store: BlobStore) -> None:
         for name in ("supports_atomic_put", "supports_links", "supports_streamed_writes",
-                     "supports_temporary_files", "local"):
+                     "writes_parts_beside", "supports_temporary_files", "local"):
             assert isinstance(getattr(store, name), bool), name
         assert isinstance(store.describe(), str)
 
