@@ -4,9 +4,13 @@
 first of an incremental backend: everything), changes 1 % of the keys and takes the next
 (incremental) checkpoint.  ``restore``: a fresh backend restores the newest checkpoint and reads
 one key (restart -> first element), then finishes the restore (every value installed, every file
-checked; its peak RSS is then the restored state's).  Prints one JSON line of figures.
+checked; its peak RSS is then the restored state's).  ``floor`` (no statekit): what any heap
+state held as Python objects costs at this size, the baseline of the heap's restore targets: the
+peak RSS of a plain dict of the same keys and values, and the time to decode the keys from
+packed arrays as a checkpoint's parts hold them and index them in a dict (the least a restore
+that indexes every key does before its first element).  Prints one JSON line of figures.
 
-Run: ``python -m benchmarks.growth_driver build|restore <backend> <keys> <value bytes> <dir>``.
+Run: ``python -m benchmarks.growth_driver build|restore|floor <backend> <keys> <value bytes> <dir>``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import random
 import resource
 import sys
 import time
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +130,35 @@ def restore(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any
     return {"restart_to_first_element_s": round(seconds, 3), "restore_all_s": round(everything, 3)}
 
 
+#: keys per packed array in :func:`floor` (a 1 MiB part of 100-byte values holds about as many)
+FLOOR_PART_KEYS = 9_800
+
+
+def floor(kind: str, keys: int, value_bytes: int, root: Path) -> dict[str, Any]:
+    import msgpack
+
+    table: dict[int, bytes] = {}
+    for start in range(0, keys, BATCH):
+        count = min(BATCH, keys - start)
+        table.update(zip(range(start, start + count), _values(start, count, value_bytes, 0),
+                         strict=True))
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    table.clear()
+    parts = [msgpack.packb(list(range(start, min(start + FLOOR_PART_KEYS, keys))))
+             for start in range(0, keys, FLOOR_PART_KEYS)]
+    t0 = time.perf_counter()
+    index: dict[int, int] = {}
+    for slot, packed in enumerate(parts):
+        index.update(zip(msgpack.unpackb(packed), repeat(slot)))
+    seconds = time.perf_counter() - t0
+    assert len(index) == keys
+    return {"dict_peak_rss_mb": round(rss_mb, 1), "key_index_s": round(seconds, 3)}
+
+
 def main() -> None:
     phase, kind, keys, value_bytes, root = sys.argv[1:6]
-    out = {"build": build, "restore": restore}[phase](kind, int(keys), int(value_bytes), Path(root))
+    out = {"build": build, "restore": restore, "floor": floor}[phase](
+        kind, int(keys), int(value_bytes), Path(root))
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(out))
 

@@ -74,6 +74,8 @@ def test_growth(benchmark: Any, kind: str, keys: int, value_bytes: int) -> None:
                            rounds=1, iterations=1)
         drop_tree_cache(root / "checkpoints")
         restored = _phase("restore", kind, keys, value_bytes, root)
+        floor = (_phase("floor", kind, keys, value_bytes, root)  # the heap small-value targets' baseline
+                 if kind == "heap" and value_bytes == SMALL_VALUE_BYTES else None)
         state_bytes = built["full"]["bytes"]
         figures = {
             "backend": kind, "keys": keys, "value_bytes": value_bytes,
@@ -93,6 +95,13 @@ def test_growth(benchmark: Any, kind: str, keys: int, value_bytes: int) -> None:
                     state_bytes / restored["restore_all_s"] / 1e6 / disk["read_mb_s"], 3),
             },
         }
+        if floor is not None:  # the baseline of any heap state held as Python objects
+            figures["floor"] = floor
+            figures["ratios"].update({
+                "dict_peak_rss_vs_state": round(floor["dict_peak_rss_mb"] * 2**20 / state_bytes, 3),
+                "key_index_vs_disk_read": round(
+                    state_bytes / floor["key_index_s"] / 1e6 / disk["read_mb_s"], 3),
+            })
         benchmark.extra_info.update(figures)
         print(f"\ngrowth {kind} {keys} x {value_bytes} B: {json.dumps(figures)}")
     finally:
