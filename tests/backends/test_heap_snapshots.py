@@ -630,6 +630,27 @@ def test_paced_parts_are_the_bytes_packb_writes(entries: int) -> None:
     assert len(paced) <= len(unpaced) + 1
 
 
+def _filled(keys: int) -> Any:
+    """A backend holding ``key * 3`` for each key below ``keys`` in ValueState "n"."""
+    backend = make()
+    state = backend.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
+    for key in range(keys):
+        backend.set_current_key(key)
+        state.update(key * 3)
+    return backend
+
+
+def _assert_restores(handle: Any, access: Any, keys: Any) -> None:
+    """A fresh backend restored from ``handle`` holds ``key * 3`` for each of ``keys``."""
+    restored = make()
+    restored.restore([handle], access.reader())
+    again = restored.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
+    for key in keys:
+        restored.set_current_key(key)
+        assert again.value() == key * 3
+    restored.dispose()
+
+
 @pytest.mark.parametrize("storage", ["local", "memory"])
 @pytest.mark.parametrize("writer", ["taker", "other"])
 def test_who_writes_a_snapshots_parts(writer: str, storage: str, tmp_path: Any,
@@ -650,11 +671,7 @@ def test_who_writes_a_snapshots_parts(writer: str, storage: str, tmp_path: Any,
         put_parts(self, key, parts)
 
     monkeypatch.setattr(cls, "put_parts", recording)
-    backend = make()
-    state = backend.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
-    for key in range(5000):
-        backend.set_current_key(key)
-        state.update(key * 3)
+    backend = _filled(5000)
     root = str(tmp_path) if storage == "local" else f"memory://statekit-who-{uuid.uuid4().hex}"
     access = FileSystemCheckpointStorage(root, file_state_size_threshold=0).create_access("job")
     streams = access.streams(1, "task")
@@ -670,12 +687,8 @@ def test_who_writes_a_snapshots_parts(writer: str, storage: str, tmp_path: Any,
     if writer == "other" and storage == "memory":
         expected = "statekit-writer"
     assert seen == [expected]
-    restored = make()
-    restored.restore([handles[0]], access.reader())
-    again = restored.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
-    for key in (0, 1234, 4999):
-        restored.set_current_key(key)
-        assert again.value() == key * 3
+    _assert_restores(handles[0], access, (0, 1234, 4999))
+    backend.dispose()
     if storage == "memory":
         import fsspec
 
@@ -707,21 +720,11 @@ def test_a_snapshots_parts_reuse_a_few_buffers(helper_after: int, buffers: int, 
     monkeypatch.setattr(plainparts, "PLAIN_PART_BYTES", 4096)
     monkeypatch.setattr(partwriter, "HELPER_AFTER", helper_after)
     monkeypatch.setattr(plainparts, "PART_BUFFERS", buffers)
-    backend = make()
-    state = backend.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
-    for key in range(20_000):
-        backend.set_current_key(key)
-        state.update(key * 3)
+    backend = _filled(20_000)
     access = FileSystemCheckpointStorage(str(tmp_path), file_state_size_threshold=0).create_access("job")
     handle = backend.snapshot(1, access.streams(1, "task")).run()
     parts = handle["states"]["n"]["parts"]
     assert len(parts) > 20
     assert 1 <= len(created) <= buffers + 1  # (+1: the first part, held as the inline head)
-    restored = make()
-    restored.restore([handle], access.reader())
-    again = restored.get_partitioned_state(ValueStateDescriptor("n", Types.LONG()))
-    for key in (0, 7777, 19_999):
-        restored.set_current_key(key)
-        assert again.value() == key * 3
+    _assert_restores(handle, access, (0, 7777, 19_999))
     backend.dispose()
-    restored.dispose()
