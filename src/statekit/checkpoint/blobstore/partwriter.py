@@ -55,14 +55,16 @@ class PartWriter:
         self._advise = getattr(os, "posix_fadvise", None)
 
     def add(self, part: bytes | memoryview) -> None:
-        """Queue ``part`` for the helper; write the parts it has not taken yet here."""
+        """Write ``part`` after the parts before it: here while the file is small, else queued
+        for the helper (the parts it has not taken yet are written here first)."""
         if self._error is not None:
             raise self._error
         size = len(part)
         if not size:
             return
-        offset, self.end = self.end, self.end + size
-        self._unwritten.add(offset)
+        offset = self.end
+        self._unwritten.add(offset)  # before the end moves: the helper's writeback stops here
+        self.end = offset + size
         if self._thread is None and offset < HELPER_AFTER:  # written here, before the next
             self._write(offset, part)                       # part is packed into its buffer
             return
