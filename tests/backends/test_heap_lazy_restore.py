@@ -7,6 +7,7 @@ changelogs over a lazy base, writes while a snapshot is pending, and hostile par
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import uuid
@@ -606,3 +607,18 @@ def test_restored_files_may_go_once_a_checkpoint_completed(
         path.unlink()
     assert dump(fresh, range(N)) == expected
     fresh.dispose()
+
+
+def test_a_backend_dropped_without_dispose_ends_its_decoder() -> None:
+    """The decoder thread holds the parts' bytes and waits for the processing thread to install
+    what it decoded: a backend collected without :meth:`dispose` ends it too."""
+    handle, acc, _ = source()
+    backend = restored(handle, acc)
+    register(backend)
+    assert lazy_threads()
+    del backend
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while lazy_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not lazy_threads()

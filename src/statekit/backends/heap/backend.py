@@ -10,6 +10,7 @@ plain form until their state is registered (its serializer is known then).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -135,6 +136,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 table.attach(lazy, None if stored.identity else stored.from_plain)
                 lazy.start(meta.name)
                 self._decoders.append(lazy)
+                # a backend collected without dispose ends it too (the thread keeps it alive)
+                weakref.finalize(self, _halt, weakref.ref(lazy))
             if stored.identity and not restored.shared:  # the restored dict becomes the table
                 table.data = restored.data
             else:  # converted, and private copies while a snapshot still writes the originals
@@ -400,3 +403,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._states.clear()
         self._attempts.clear()
         self._confirmed = None
+
+
+def _halt(lazy: weakref.ref[LazyValues]) -> None:
+    """End a lazy restore's decoder thread whose backend was collected without :meth:`dispose`
+    (it would wait for that backend forever, holding the parts' bytes)."""
+    values = lazy()
+    if values is not None:
+        values.halt()

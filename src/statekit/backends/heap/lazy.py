@@ -155,8 +155,8 @@ class LazyValues:
     the processing thread when it takes that part (never installed, never written through).
     """
 
-    __slots__ = ("_claimed", "_cond", "_reading", "_slots", "_stop", "_thread", "_wanted",
-                 "parts", "pending")
+    __slots__ = ("__weakref__", "_claimed", "_cond", "_reading", "_slots", "_stop", "_thread",
+                 "_wanted", "parts", "pending")
 
     def __init__(self) -> None:
         self.parts: dict[int, LazyPart] = {}  # by slot, in restore order
@@ -331,11 +331,17 @@ class LazyValues:
             size += part.source[2][1] if part.source is not None else 0
         return run
 
-    def stop(self) -> None:
-        """End the background thread (the owner is disposed) and wait for it."""
+    def halt(self) -> None:
+        """Ask the background thread to end, without waiting for it (the owner was collected
+        without being disposed: the thread would otherwise wait for it forever, holding the
+        parts' bytes)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+
+    def stop(self) -> None:
+        """End the background thread (the owner is disposed) and wait for it."""
+        self.halt()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
