@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import Options, Rdict
 
 from statekit import workdirs
 from statekit.backends.base import NO_KEY, KeyedStateBackend, RestoreSource, SnapshotRun, StateMeta
@@ -46,7 +46,7 @@ from statekit.errors import BackendLockedError, CorruptCheckpointError, StateErr
 from statekit.serde.keygroups import KeyGroupRange, key_group_for_bytes
 from statekit.serde.keys import as_key_serializer
 from statekit.serde.serializers import TypeSerializer
-from statekit.state.api import State, check_value
+from statekit.state.api import State
 from statekit.state.descriptors import StateDescriptor
 
 #: prefixes of this many str/int/bytes keys are cached per type before the cache starts over
@@ -255,7 +255,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Make every state and timer queue raise ``error(why)`` (the database is gone)."""
         bad = Unusable(why, error)
         for state in list(self._rstates.values()):  # (also called from the restore check)
-            state._bind(bad, bad)
+            state.bind(bad, bad)
         for queue in list(self._native_queues.values()):
             queue.poison(bad)
         self.cfs.clear()
@@ -267,7 +267,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         mutexes a parent thread may have held at fork time (a deadlock in the child).
         """
         inherited.append((self.db, list(self.cfs.values()),
-                           [(state._cf, state._handle) for state in self._rstates.values()]))
+                           [state.native for state in self._rstates.values()]))
         self.poison(
             f"this RocksDB state backend was opened in process {self._pid} before a fork; "
             "RocksDB is not fork-safe, so create the backend (open the database) after forking",
@@ -305,8 +305,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if state is None:  # wrapped (size limits): go through the state API
             value = self.get_partitioned_state(descriptor).value  # type: ignore[attr-defined]
             return [value() for _ in self._each(keys)]
-        de = state._de
-        return [None if v is None else de(v) for v in state._cf.get(self.key_prefixes(keys))]
+        return state.get_many(self.key_prefixes(keys))
 
     def bulk_put(self, descriptor: StateDescriptor, keys: Sequence[Any],
                  values: Sequence[Any]) -> None:
@@ -318,16 +317,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self.set_current_key(key)
                 update(value)
             return
-        batch = WriteBatch(raw_mode=True)
-        handle, ser, valid = state._handle, state._ser, state._valid
-        for prefix, value in zip(self.key_prefixes(keys), values, strict=True):
-            if value is None:
-                batch.delete(prefix, handle)
-            else:
-                if valid(value) is not None:
-                    check_value(state._check, value, descriptor.name)
-                batch.put(prefix, ser(value), handle)
-        self.ensure_open().write(batch)
+        self.ensure_open().write(state.write_many(self.key_prefixes(keys), values))
 
     def _each(self, keys: Sequence[Any]) -> Iterator[Any]:
         for key in keys:
@@ -357,7 +347,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for name, state in list(self._rstates.items()):
             cf = self.cfs.get(name)
             if cf is not None:
-                state._bind(cf, state._handle)
+                state.bind(cf, state.native[1])
 
     def pending_restore(self) -> int:
         """Restored files whose check is still running (a lazy restore), 0 once all passed."""

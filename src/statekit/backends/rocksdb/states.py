@@ -61,15 +61,41 @@ class RocksState:
         self._ser = packb if element.identity else element.serialize
         self._de = unpackb if element.identity else element.deserialize
         self._valid = element.check
-        self._bind(cf, backend.db.get_column_family_handle(meta.name))
+        self.bind(cf, backend.db.get_column_family_handle(meta.name))
 
-    def _bind(self, cf: Any, handle: Any) -> None:
+    def bind(self, cf: Any, handle: Any) -> None:
+        """Use ``cf`` / ``handle`` from now on (the backend swaps in a checking wrapper while a
+        lazy restore's files are checked, or an unusable one once the database is gone)."""
         # bound methods of the column family, cached: the hot path is one C call per operation
         self._cf = cf
         self._handle = handle
         self._get = cf.get
         self._put = cf.put
         self._del = cf.delete
+
+    @property
+    def native(self) -> tuple[Any, Any]:
+        """The column family and its handle this state uses now."""
+        return self._cf, self._handle
+
+    def get_many(self, prefixes: list[bytes]) -> list[Any]:
+        """The values under many full keys (key-group prefix + key), one multi-get."""
+        de = self._de
+        return [None if v is None else de(v) for v in self._cf.get(prefixes)]
+
+    def write_many(self, prefixes: list[bytes], values: Sequence[Any]) -> WriteBatch:
+        """A write batch setting each full key to its value, None deleting it (each value checked
+        as :meth:`update` checks it)."""
+        batch = WriteBatch(raw_mode=True)
+        handle, ser, valid = self._handle, self._ser, self._valid
+        for prefix, value in zip(prefixes, values, strict=True):
+            if value is None:
+                batch.delete(prefix, handle)
+            else:
+                if valid(value) is not None:
+                    check_value(self._check, value, self._name)
+                batch.put(prefix, ser(value), handle)
+        return batch
 
     def _prefix(self) -> bytes:
         prefix = self._b.current_prefix
