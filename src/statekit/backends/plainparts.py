@@ -17,7 +17,7 @@ from statekit.serde.msgpack import ReusedBuffer, array_header, packb
 PLAIN_PART_BYTES = 1024 * 1024
 _FIRST_PART_ENTRIES, _MAX_PART_ENTRIES = 1024, 1 << 16
 #: buffers an unpaced state's parts are packed into in turn: one being written, one queued for
-#: the writer, one being packed (:meth:`CheckpointStreams.write_parts`)
+#: the local disk's helper thread, one being packed (:class:`PartWriter`)
 PART_BUFFERS = 3
 #: entries serialized between two pacing pauses
 PACE_SLICE = 2048

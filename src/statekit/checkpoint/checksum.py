@@ -2,8 +2,8 @@
 combined from the CRCs of consecutive parts without a second pass over the data.
 
 CRC-32 comes from ISA-L (``isal``): the same checksum as zlib's, computed with carry-less
-multiplication at about 14 GB/s here against zlib's 4 GB/s, and it releases the GIL; so does
-combining two CRCs (``crc32_combine``, zlib's operator in C).  A restore
+multiplication at about 14 GB/s here against zlib's 4 GB/s, and it releases the GIL; it also
+combines two CRCs in C (``crc32_combine``, zlib's operator).  A restore
 checks every byte it reads, so a slower CRC showed up directly next to the disk's throughput;
 SHA-256 (1.4 GB/s) would cap it below the disk's.
 """

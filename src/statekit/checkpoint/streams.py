@@ -86,7 +86,8 @@ class CheckpointStreams:
         while it is held); returns the handle, as :meth:`write` of the joined bytes, and
         ``[offset, length, crc]`` per part.  A result under ``inline_threshold`` becomes
         inline.  The local disk writes each part as it comes, so the file is never held in
-        memory whole, on a helper thread of its own while the next part is produced.
+        memory whole (once the file is large, on a helper thread of its own while the next part
+        is produced: :class:`PartWriter`).
 
         ``beside``: the producer paces itself beside a processing thread; a store without a
         writer of its own then takes the parts on a helper thread, so the writes go on while the

@@ -279,7 +279,7 @@ class HeapSnapshotStrategy:
     def finish(self, parts: list[Part], beside: bool = False) -> dict[str, Any]:
         """Upload the serialized parts and build the task handle (a backend disposed meanwhile
         fails the snapshot, as Flink's and the RocksDB backend's do); ``beside``: the parts were
-        produced paced beside the processing thread, and a writer thread writes them."""
+        produced paced beside the processing thread (:meth:`CheckpointStreams.write_parts`)."""
         streams, backend = self.streams, self.backend
         backend.check_not_disposed()
         suffix = "-base" if self.materialize else "-log"
