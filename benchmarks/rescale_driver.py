@@ -6,7 +6,8 @@ restores from checkpoint storage): at 8 partitions (a rescale), at 8 again (a re
 rescale) and at 3 again (a restart).  Each phase's micro-batch reads and writes ``touch`` random
 keys.  Per phase: the micro-batch's wall time, and from the version each partition commits
 (``restore`` in its ``_metadata``) the bytes of checkpoint files its restore read by the commit
-and the restore's own time.  Prints one JSON line.
+the restore's own time, and the times of the checkpoint after it (``commit``: the snapshot,
+then its upload).  Prints one JSON line.
 
 Run: ``python -m benchmarks.rescale_driver --root DIR --keys 1000000 --backend hashmap``.
 """
@@ -114,13 +115,21 @@ def main() -> None:
                                                                     dtype="int64")}))
         walls = _run(inputs, ckpt, statekit_dir, partitions, args.backend, sink)
         assert sink[files] == (args.touch, args.touch), sink[files]  # every key had its state
-        restores = [m.get("restore") or {} for m in _versions(statekit_dir, files)]
+        versions = _versions(statekit_dir, files)
+        restores = [m.get("restore") or {} for m in versions]
+        commits = [m["commit"] for m in versions]
         assert len(restores) == partitions and all(restores), restores
         bytes_read = sum(r["bytes_read"] for r in restores)
         phases.append({
             "phase": kind, "partitions": partitions, "batch_s": round(walls[files], 3),
             "bytes_read": bytes_read, "read_vs_state": round(bytes_read / state_bytes, 3),
             "restore_s_max": max(r["seconds"] for r in restores),
+            # the checkpoint after: its snapshot (a RocksDB rescale's compaction wait included)
+            # and its upload (full after a rescale, incremental after a restart)
+            "snapshot_s_max": max(c["sync_s"] for c in commits),
+            "upload_s_max": max(c["async_s"] for c in commits),
+            "per_partition": [[r.get("seconds"), c["sync_s"], c["async_s"]]
+                              for r, c in zip(restores, commits, strict=True)],
             "rescaled": all(r["rescaled"] for r in restores),
         })
         files += 1

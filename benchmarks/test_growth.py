@@ -85,12 +85,14 @@ def test_growth(benchmark: Any, kind: str, keys: int, value_bytes: int) -> None:
                 "full_checkpoint_vs_disk_write": round(
                     built["full"]["write_mb_s"] / disk["write_mb_s"], 3),
                 "incremental_vs_full_bytes": built["incremental"]["share_of_full"],
-                "restart_to_first_element_vs_disk_read": round(
-                    state_bytes / restored["restart_to_first_element_s"] / 1e6
-                    / disk["read_mb_s"], 3),
+                # times: the restart's first element against the disk's cold read of the state
+                "restart_to_first_element_s_vs_cold_read_s": round(
+                    restored["restart_to_first_element_s"] * disk["read_mb_s"] * 1e6
+                    / state_bytes, 4),
                 "peak_rss_build_mb": built["peak_rss_mb"],
                 "peak_rss_restore_mb": restored["peak_rss_mb"],
                 "peak_rss_restore_vs_state": round(restored["peak_rss_mb"] * 2**20 / state_bytes, 3),
+                # speeds: bytes restored per second against the disk's cold read
                 "restore_all_vs_disk_read": round(
                     state_bytes / restored["restore_all_s"] / 1e6 / disk["read_mb_s"], 3),
             },
@@ -99,8 +101,8 @@ def test_growth(benchmark: Any, kind: str, keys: int, value_bytes: int) -> None:
             figures["floor"] = floor
             figures["ratios"].update({
                 "dict_peak_rss_vs_state": round(floor["dict_peak_rss_mb"] * 2**20 / state_bytes, 3),
-                "key_index_vs_disk_read": round(
-                    state_bytes / floor["key_index_s"] / 1e6 / disk["read_mb_s"], 3),
+                "key_index_s_vs_cold_read_s": round(
+                    floor["key_index_s"] * disk["read_mb_s"] * 1e6 / state_bytes, 3),
             })
         benchmark.extra_info.update(figures)
         print(f"\ngrowth {kind} {keys} x {value_bytes} B: {json.dumps(figures)}")

@@ -131,7 +131,8 @@ def test_a_resumed_query_without_its_state_fails_unless_allowed(storage):
 
 def test_a_version_records_what_its_restore_read(tmp_path):
     """A committed version tells whether its attempt restored, from where, and how many bytes
-    of checkpoint files that read (the measure of a rescale's cost); a reused state, nothing."""
+    of checkpoint files that read (the measure of a rescale's cost); a reused state, nothing.
+    Every version also tells how long its checkpoint's two parts took."""
     from statekit.checkpoint.handles import file_handles
     from statekit.runtime.partition import Scaling
 
@@ -152,7 +153,12 @@ def test_a_version_records_what_its_restore_read(tmp_path):
 
     drop_local_state()
     try:
-        assert "restore" not in batch(0, 0, 1, touched=keys)  # nothing to restore
+        first = batch(0, 0, 1, touched=keys)
+        assert "restore" not in first  # nothing to restore
+        # every version records its checkpoint's snapshot and upload times, and what it wrote
+        written = sum(h["size"] for h in file_handles(first["tasks"]))
+        assert first["commit"]["bytes_written"] == written > 0
+        assert first["commit"]["sync_s"] >= 0 and first["commit"]["async_s"] >= 0
         drop_local_state()  # a new process: the next batch restores version 0
         info = batch(1, 0, 1, touched=keys[:1])["restore"]
         assert info["from"] == 0 and not info["rescaled"] and info["sources"] == 1

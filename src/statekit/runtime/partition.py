@@ -386,11 +386,14 @@ class PartitionStore:
         if self.local is not None:
             streams = self.local.streams(self.batch, streams)
         try:
-            handle = self.backend.snapshot(self.batch, streams).run()
+            run = self.backend.snapshot(self.batch, streams)
+            synced = time.perf_counter()
+            handle = run.run()
         except BaseException:
             if self.local is not None:
                 self.local.abort(self.batch)
             raise
+        ran = time.perf_counter()
         body = {
             "tasks": {"partition": handle}, "attempt": self.attempt, "batch": self.batch,
             "partition": self.partition, "num_partitions": self.scaling.num_partitions,
@@ -399,6 +402,9 @@ class PartitionStore:
             "operator_id": self.operator_id, "max_parallelism": self.max_parallelism,
             "timestamp": int(time.time() * 1000), **(extra or {}),
         }
+        # the snapshot (a RocksDB rescale's compaction wait included) and its upload
+        body["commit"] = {"sync_s": round(synced - start, 4), "async_s": round(ran - synced, 4),
+                          "bytes_written": streams.bytes_written}
         if self.restore_info is not None:  # this attempt restored: what that read, and from where
             body["restore"] = {**self.restore_info, "bytes_read": sum(
                 r.bytes_read for r in self._restore_readers)}

@@ -6,7 +6,9 @@ decoded when one of its keys is first accessed, or ahead of time by a background
 (:class:`LazyValues`); parts of entries written without head checksums are read whole at
 restore.  Only the processing thread installs decoded values into the live table, a part at a
 time, so a part's keys are either all pending or all in the table: a snapshot writes a
-still-pending part's bytes through unchanged, and reads nothing twice.
+still-pending part's bytes through unchanged.  The processing and background threads never read
+a part twice; a snapshot reads the parts whose bytes are not held yet, so one the background
+thread is reading at that moment (at most one run of :data:`RUN_BYTES`) is read by both.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ class LazyValues:
         self._thread: threading.Thread | None = None
         self._stop = False
         # slots the background thread is reading now, those the processing thread reads itself,
-        # and the one it waits for: no part is read twice
+        # and the one it waits for: neither thread reads a part the other reads
         self._reading: set[int] = set()
         self._claimed: set[int] = set()
         self._wanted: int | None = None
