@@ -125,7 +125,7 @@ def main() -> None:
             "bytes_read": bytes_read, "read_vs_state": round(bytes_read / state_bytes, 3),
             "restore_s_max": max(r["seconds"] for r in restores),
             # the checkpoint after: its snapshot (a RocksDB rescale's compaction wait included)
-            # and its upload (full after a rescale, incremental after a restart)
+            # and its upload (full checkpoints, the default: the whole partition either way)
             "snapshot_s_max": max(c["sync_s"] for c in commits),
             "upload_s_max": max(c["async_s"] for c in commits),
             "per_partition": [[r.get("seconds"), c["sync_s"], c["async_s"]]
