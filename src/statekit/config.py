@@ -371,7 +371,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Keys set through ``STATEKIT_*`` environment variables.
 
     A variable in a statekit namespace (``STATEKIT_STATE_...``, ``STATEKIT_EXECUTION_...``, ...)
-    that names no known key raises :class:`ConfigError` with the nearest known variable.
+    that names no known key, or holds a malformed value, raises :class:`ConfigError` naming the
+    variable (with the nearest known one): every variable is checked, also one the job's own
+    configuration then overrides, on the local runner and on Spark alike.
     """
     environ = os.environ if environ is None else environ
     found: dict[str, str] = {}
@@ -380,6 +382,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
             continue
         key = _ENV_NAMES.get(name)
         if key is not None:
+            try:
+                validate({key: value})
+            except ConfigError as exc:
+                raise ConfigError(name, str(exc).split(": ", 1)[-1]) from None
             found[key] = value
         elif name.startswith(_ENV_NAMESPACES):
             raise ConfigError(name, "unknown statekit environment variable"

@@ -50,6 +50,8 @@ def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str, ex
         return int(value)
     match = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", str(value))
     if not match or match.group(2).lower() not in ({""} | set(units)):
+        if re.fullmatch(r"\s*-\s*\d[\d.]*\s*[A-Za-z]*\s*", str(value)):
+            raise ConfigError(key, f"a {what} cannot be negative, got {value!r}")
         raise ConfigError(key, f"expected a {what} such as {example}, got {value!r}")
     factor = units.get(match.group(2).lower(), 1)
     return bounded(key, int(float(match.group(1)) * factor))

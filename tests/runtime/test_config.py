@@ -177,6 +177,17 @@ def test_environment_variables(monkeypatch, tmp_path):
     assert cfg.env_name("state.backend.type") == "STATEKIT_STATE_BACKEND_TYPE"
 
 
+def test_a_malformed_environment_value_fails_even_when_the_job_overrides_it(monkeypatch):
+    """Every STATEKIT_* variable is checked, named as written, on the local runner as on Spark:
+    one the job's dict overrides was accepted and never looked at."""
+    monkeypatch.setenv("STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL", "-3s")
+    with pytest.raises(ConfigError) as info:
+        StreamExecutionEnvironment.get_execution_environment(
+            {"execution.checkpointing.interval": "1 s"})
+    assert info.value.key == "STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL"
+    assert "cannot be negative, got '-3s'" in str(info.value)
+
+
 @pytest.mark.parametrize("conf, key", [
     ({"state.backend.type": "nosuchbackend"}, "state.backend.type"),
     ({"state.backend.type": "no.such.module.Backend"}, "state.backend.type"),

@@ -40,6 +40,16 @@ def test_flat_keys_out_of_range_are_config_errors(key, value):
         _env({key: value})
 
 
+@pytest.mark.parametrize("key, value, what", [
+    ("execution.checkpointing.interval", "-5 s", "duration"),
+    ("execution.checkpointing.timeout", " - 10min", "duration"),
+    ("state.storage.fs.memory-threshold", "-1 kb", "memory size"),
+])
+def test_a_negative_duration_or_size_is_named_as_such(key, value, what):
+    with pytest.raises(ConfigError, match=f"{key}: a {what} cannot be negative, got '{value}'"):
+        _env({key: value})
+
+
 def test_unknown_keys_in_statekit_namespaces_fail_with_a_hint():
     with pytest.raises(ConfigError, match=r"did you mean 'state\.backend\.type'"):
         _env({"state.backend.tpye": "rocksdb"})

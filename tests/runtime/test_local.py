@@ -99,6 +99,11 @@ def test_checkpoints_deleted_at_end_unless_retained(tmp_path):
         RunningSum()).execute_and_collect()
     assert result.retained_checkpoints == []
     assert not any(p.name == "_metadata" for p in tmp_path.rglob("*"))
+    assert list(tmp_path.iterdir()) == []  # the job's own directory went with its checkpoints
+    retained = make_env({**conf, "execution.checkpointing.externalized-checkpoint-retention":
+                         "RETAIN_ON_CANCELLATION"}).from_collection(ITEMS[:300]).key_by(
+        lambda x: x[0]).process(RunningSum()).execute_and_collect()
+    assert [p.name for p in tmp_path.iterdir()] == [retained.job_id]
 
 
 def test_limit_stops_the_job_and_resume_continues(tmp_path):

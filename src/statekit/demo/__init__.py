@@ -42,12 +42,18 @@ def statekit_command() -> str:
     return f"{sys.executable} -m statekit"
 
 
-def check_backend_flag(parser: argparse.ArgumentParser, name: str) -> None:
-    """Exit with a one-line usage error when ``--backend`` names no backend (a typo fails before
-    any work starts, naming the nearest name)."""
+def check_flags(parser: argparse.ArgumentParser, backend: str) -> None:
+    """Exit with a one-line usage error when ``--backend`` names no backend or a ``STATEKIT_*``
+    variable is unknown or malformed (a typo fails before any work starts, naming the nearest
+    name)."""
+    from statekit.config import from_env
     from statekit.runtime.environment import backend_from_config
 
     try:
-        backend_from_config({"state.backend.type": name})
+        backend_from_config({"state.backend.type": backend})
     except StatekitError as exc:
         parser.error(f"--backend: {str(exc).split(': ', 1)[-1]}")
+    try:
+        from_env()
+    except StatekitError as exc:
+        parser.error(str(exc))

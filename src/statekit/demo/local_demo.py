@@ -21,7 +21,8 @@ from statekit import (
     Types,
     ValueStateDescriptor,
 )
-from statekit.demo import at_least, check_backend_flag, check_work_dir, statekit_command
+from statekit.demo import at_least, check_flags, check_work_dir, statekit_command
+from statekit.errors import StatekitError
 
 
 class UserTotals(KeyedProcessFunction):
@@ -83,8 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=at_least(1), default=5_000)
     args = parser.parse_args(argv)
     check_work_dir(parser, args.dir)
-    check_backend_flag(parser, args.backend)
+    check_flags(parser, args.backend)  # a typo (flag or STATEKIT_*) fails here, before any work
     directory = args.dir or tempfile.mkdtemp(prefix="statekit-demo-")
+    try:
+        return run(args, directory)
+    except KeyboardInterrupt:  # Ctrl-C: say what is kept instead of a traceback
+        print(f"\ninterrupted; the checkpoints are kept: {statekit_command()} checkpoints list "
+              f"{directory} (then: rm -rf {directory})", flush=True)
+        return 130
+    except StatekitError as exc:  # a configuration or state error: one line, the directory named
+        print(f"error: {type(exc).__name__}: {exc} (checkpoints kept in {directory})", flush=True)
+        return 2
+
+
+def run(args: argparse.Namespace, directory: str) -> int:
     all_events = events(args.events, args.users)
     half = len(all_events) // 2
 

@@ -5,8 +5,11 @@ Clickstream events arrive as files (generated here, one micro-batch each).  A st
 minutes of event time without events) in the RocksDB backend.  Only the backend flag is set:
 statekit keeps its checkpoints beside the query's own (``<checkpointLocation>/statekit``).
 Halfway through, the query is stopped and restarted from its checkpoint, as an operator would
-after a deploy.  At the end every user's totals are checked against pandas.  The work directory
-(input, the query's checkpoint, statekit's state) is kept, for ``statekit checkpoints inspect``.
+after a deploy.  Each micro-batch's output is written to the work directory under its batch id
+(so a batch Spark replays overwrites its own output), and at the end every user's latest output
+is checked against pandas.  The work directory (input, outputs, the query's checkpoint,
+statekit's state) is kept, for ``statekit checkpoints inspect``; running the demo again with the
+same ``--dir`` (after Ctrl-C, say) resumes the query from its checkpoint and checks it all again.
 
 Run: ``python -m statekit.demo.spark_demo [--backend rocksdb|hashmap] [--adapter ...]``.
 """
@@ -14,9 +17,9 @@ Run: ``python -m statekit.demo.spark_demo [--backend rocksdb|hashmap] [--adapter
 from __future__ import annotations
 
 import argparse
-import logging
+import glob
+import json
 import os
-import signal
 import tempfile
 import time
 from contextlib import contextmanager
@@ -28,11 +31,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from statekit import KeyedProcessFunction, Types, ValueStateDescriptor
-from statekit.demo import at_least, check_backend_flag, check_work_dir, statekit_command
+from statekit.demo import at_least, check_flags, check_work_dir, statekit_command
 from statekit.errors import StatekitError
 
 SESSION_GAP_MS = 30 * 60 * 1000
 OUTPUT = "user string, events long, amount long, sessions long, last_ts long"
+OUTPUT_COLUMNS = ["user", "events", "amount", "sessions", "last_ts"]
 ADAPTERS = ("foreach_batch", "transform_with_state", "apply_in_pandas_with_state")
 
 
@@ -91,6 +95,51 @@ def expected(frame: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def write_output(directory: str, batch_id: int, rows: list[Any]) -> None:
+    """One micro-batch's output, under its batch id: written whole (a rename), and overwritten
+    when Spark replays the batch, so the outputs hold each batch once."""
+    os.makedirs(directory, exist_ok=True)
+    frame = pd.DataFrame([tuple(r) for r in rows], columns=OUTPUT_COLUMNS).astype(
+        {c: "int64" for c in OUTPUT_COLUMNS[1:]})
+    path = f"{directory}/batch-{batch_id:06d}.parquet"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def read_outputs(directory: str) -> pd.DataFrame:
+    """Every batch's output written so far, by this run or an earlier one on the same ``--dir``."""
+    files = sorted(glob.glob(f"{directory}/batch-*.parquet"))
+    if not files:
+        return pd.DataFrame({c: pd.Series(dtype="object" if c == "user" else "int64")
+                             for c in OUTPUT_COLUMNS})
+    return pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+
+
+def _shape(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags a rerun on the same ``--dir`` must repeat (the backend may change: statekit
+    restores either backend's checkpoints)."""
+    return {"adapter": args.adapter, "files": args.files, "rows": args.rows, "users": args.users}
+
+
+def check_same_run(parser: argparse.ArgumentParser, work: str, args: argparse.Namespace) -> None:
+    """A ``--dir`` used before is resumed only with the flags it was built with."""
+    path = os.path.join(work, "demo.json")
+    if os.path.exists(path):
+        with open(path) as fh:
+            before = json.load(fh)
+        changed = [f"--{k} {before.get(k)} (now {v})" for k, v in _shape(args).items()
+                   if before.get(k) != v]
+        if changed:
+            parser.error(f"--dir {work} holds a run made with {', '.join(changed)}: "
+                         "resume it with the same flags, or use another --dir")
+
+
+def record_run(work: str, args: argparse.Namespace) -> None:
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "demo.json"), "w") as fh:
+        json.dump(_shape(args), fh)
+
+
 @contextmanager
 def stage(what: str) -> Any:
     """Print what the demo is doing, then how long it took."""
@@ -114,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                              "kept afterwards, so the state can be inspected")
     args = parser.parse_args(argv)
     check_work_dir(parser, args.dir)
+    check_flags(parser, args.backend)  # a typo (flag or STATEKIT_*) fails here, before Spark starts
+    if args.dir:
+        check_same_run(parser, args.dir, args)
     try:
-        check_backend_flag(parser, args.backend)  # a typo fails here, before Spark starts
         return run(args)
     except KeyboardInterrupt:  # Ctrl-C before the query started (run() reports later ones)
         print("\ninterrupted", flush=True)
@@ -125,59 +176,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _not_an_interrupt(record: logging.LogRecord) -> bool:
-    """A log record that is not a report of a call Ctrl-C interrupted (the driver's, or a batch
-    the stopping query interrupted)."""
-    from statekit.spark.stopping import QueryInterrupted
-
-    kind = record.exc_info[0] if record.exc_info else None
-    if kind is not None and issubclass(kind, KeyboardInterrupt | BrokenPipeError | QueryInterrupted):
-        return False
-    return "KeyboardInterrupt" not in record.getMessage()
-
-
-def _quiet_stop(spark: Any) -> None:
-    """Stop an interrupted run's query without the errors its tasks and Spark log on the way."""
-    try:
-        spark.sparkContext.setLogLevel("OFF")
-        for query in spark.streams.active:
-            query.stop()
-    except Exception:  # noqa: S110 (already stopping: what is left is Spark's to report)
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     from pyspark.errors import StreamingQueryException
 
     from statekit.spark import (
         apply_in_pandas_with_state,
         foreach_batch,
+        interruptible,
         local_spark,
         statekit_error,
         transform_with_state,
     )
 
     work = args.dir or tempfile.mkdtemp(prefix="statekit-spark-demo-")
+    record_run(work, args)  # the flags a rerun must repeat
     print(f"statekit streaming demo: backend={args.backend}, adapter={args.adapter}, dir={work}")
     with stage("starting Spark (local[2], loopback only)"):
         spark = local_spark(app_name="statekit-demo",
                             conf={"spark.statekit.state.backend.type": args.backend})
-    # Ctrl-C: a plain KeyboardInterrupt here (PySpark's own handler calls into the JVM from
-    # inside the interrupted call, which fails and logs several tracebacks), and py4j's reports
-    # of the call it interrupted left out
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for name in ("", "py4j", "py4j.java_gateway", "py4j.clientserver"):
-        logging.getLogger(name).addFilter(_not_an_interrupt)
-    latest: dict[str, tuple[Any, ...]] = {}
-    produced = {"rows": 0}
+    users = set(read_outputs(f"{work}/output")["user"])  # an earlier run's, on a rerun
 
     def sink(df: Any, batch_id: int) -> None:
         rows = df.collect()
-        produced["rows"] += len(rows)
-        for row in rows:
-            if row[1] > latest.get(row[0], (None, 0))[1]:
-                latest[row[0]] = tuple(row)
-        print(f"    batch {batch_id}: {len(rows)} updates, {len(latest)} users so far", flush=True)
+        write_output(f"{work}/output", batch_id, rows)
+        users.update(row[0] for row in rows)
+        print(f"    batch {batch_id}: {len(rows)} updates, {len(users)} users so far", flush=True)
 
     def run_query() -> None:
         source = (spark.readStream.schema("user string, ts long, amount long")
@@ -196,16 +219,18 @@ def run(args: argparse.Namespace) -> int:
         query.awaitTermination()
 
     try:
-        half = args.files // 2
-        with stage(f"generating {half} event files"):
-            first = generate(f"{work}/events", 0, half, args.rows, args.users)
-        with stage("query run 1 (first half of the input)"):
-            run_query()
-        print("    query stopped; more input arrives; restarting from its checkpoint", flush=True)
-        with stage(f"generating {args.files - half} more event files"):
-            rest = generate(f"{work}/events", half, args.files - half, args.rows, args.users)
-        with stage("query run 2 (resumed)"):
-            run_query()
+        with interruptible(spark):  # Ctrl-C: the query stopped quietly, then KeyboardInterrupt
+            half = args.files // 2
+            with stage(f"generating {half} event files"):
+                first = generate(f"{work}/events", 0, half, args.rows, args.users)
+            with stage("query run 1 (first half of the input)"):
+                run_query()
+            print("    query stopped; more input arrives; restarting from its checkpoint",
+                  flush=True)
+            with stage(f"generating {args.files - half} more event files"):
+                rest = generate(f"{work}/events", half, args.files - half, args.rows, args.users)
+            with stage("query run 2 (resumed)"):
+                run_query()
     except StreamingQueryException as exc:
         found = statekit_error(exc)
         print(f"error: {type(found).__name__}: {found}" if found else f"error: {exc}", flush=True)
@@ -214,8 +239,8 @@ def run(args: argparse.Namespace) -> int:
         committed = os.path.isdir(f"{work}/query/commits") and os.listdir(f"{work}/query/commits")
         look = (f"{statekit_command()} checkpoints inspect {work}/query (then: rm -rf {work})"
                 if committed else f"no batch was committed yet (rm -rf {work})")
-        print(f"\ninterrupted; the work directory is kept: {look}", flush=True)
-        _quiet_stop(spark)
+        print(f"\ninterrupted; the work directory is kept: {look}; to resume, run the demo "
+              f"again with --dir {work}", flush=True)
         return 130
     finally:
         spark.stop()
@@ -223,17 +248,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"    kept for you to look at: {statekit_command()} checkpoints inspect {work}/query "
           f"(then: rm -rf {work})")
 
-    want = expected(pd.concat([first, rest], ignore_index=True))
-    got = pd.DataFrame.from_dict(latest, orient="index",
-                                 columns=["user", "events", "amount", "sessions", "last_ts"])
-    got = got.drop(columns="user").sort_index()
-    ok = want.sort_index().astype("int64").equals(got.astype("int64")) and \
-        produced["rows"] == int(want["events"].sum())
+    want = expected(pd.concat([first, rest], ignore_index=True)).sort_index().astype("int64")
+    outputs = read_outputs(f"{work}/output")
+    got = outputs.sort_values("events").groupby("user").last().sort_index().astype("int64")
+    wrong = [] if got.index.equals(want.index) else ["users"]
+    wrong += [c for c in want.columns if not wrong and not want[c].equals(got[c])]
+    rows_ok = len(outputs) == int(want["events"].sum())
+    ok = not wrong and rows_ok
     top = want.sort_values("amount", ascending=False).head(3)
     print(f"{int(want['events'].sum())} events, {len(want)} users, "
           f"{int(want['sessions'].sum())} sessions; top users by amount:")
     for user, row in top.iterrows():
         print(f"  {user}: {row['events']} events, amount {row['amount']}, {row['sessions']} sessions")
+    if not rows_ok:
+        print(f"  {len(outputs)} output rows for {int(want['events'].sum())} events")
+    if wrong:
+        print(f"  the latest output per user differs from pandas in: {', '.join(wrong)}")
     print("RESULT: " + ("OK — every user's state matches pandas; no update lost or duplicated "
                         "across the restart" if ok else "MISMATCH"))
     return 0 if ok else 1

@@ -402,6 +402,7 @@ class LocalJob:
             for cid in list(coordinator.retained):
                 self.access.discard(cid, [])
             coordinator.retained.clear()
+            self.access.store.remove_if_empty()  # the job's directory, emptied: gone with it
         return savepoint
 
     def _savepoint(self, tasks: list[_Task], checkpoint_id: int, position: int) -> str:

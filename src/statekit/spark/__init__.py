@@ -12,6 +12,7 @@ from statekit.spark.datasource import StatekitDataSource, register_data_source
 from statekit.spark.foreach import foreach_batch
 from statekit.spark.reporting import statekit_error
 from statekit.spark.session import cluster_spark, local_spark, quiet_stop_noise, quiet_tws_driver_worker
+from statekit.spark.stopping import interruptible
 from statekit.spark.transform import transform_with_state
 
 quiet_tws_driver_worker()
@@ -22,6 +23,7 @@ __all__ = [
     "apply_in_pandas_with_state",
     "cluster_spark",
     "foreach_batch",
+    "interruptible",
     "local_spark",
     "quiet_stop_noise",
     "read_carried",

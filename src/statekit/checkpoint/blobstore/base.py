@@ -156,6 +156,10 @@ class BlobStore(ABC):
     def prune(self, prefix: str) -> None:
         """Remove directories under ``prefix`` that are empty (stores with real directories)."""
 
+    def remove_if_empty(self) -> None:
+        """Remove the store's own directory, and the empty ones below it, when it holds no blob
+        (stores with real directories; one holding anything keeps it)."""
+
     def list_temporary(self) -> list[str]:
         """Leftover temp files of interrupted atomic writes (local disk only)."""
         return []

@@ -213,6 +213,11 @@ class LocalBlobStore(PathBlobStore):
         names = [n for n in check_key(prefix.rstrip("/")).split("/") if n] if prefix.strip("/") else []
         beneath.prune(self.root, names)
 
+    def remove_if_empty(self) -> None:
+        self.prune("")
+        with contextlib.suppress(OSError):  # not empty (or gone): it stays as it is
+            os.rmdir(self.root)
+
     def list_temporary(self) -> list[str]:
         return sorted(k for k in beneath.regular_files(self.root) if _TEMP.fullmatch(k.rsplit("/", 1)[-1]))
 
