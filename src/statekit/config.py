@@ -350,7 +350,7 @@ _ALIASES = {alias: key for key, aliases in KEYS.items() for alias in aliases}
 #: a mistake (a typo would otherwise be ignored), while other keys are the job's own parameters
 NAMESPACES = ("state.", "execution.checkpointing.", "execution.savepoint.",
               "execution.state-recovery.", "restart-strategy", "s3.", "taskmanager.state.",
-              "pipeline.max-parallelism", "parallelism.default")
+              "pipeline.max-parallelism", "parallelism.")
 
 
 def canonical(key: str) -> str:

@@ -54,6 +54,8 @@ def test_unknown_keys_in_statekit_namespaces_fail_with_a_hint():
     with pytest.raises(ConfigError, match=r"did you mean 'state\.backend\.type'"):
         _env({"state.backend.tpye": "rocksdb"})
     _env({"my.job.parameter": 1})  # not statekit's: left to the job
+    with pytest.raises(ConfigError, match=r"did you mean 'parallelism\.default'"):
+        _env({"parallelism.defualt": 3})  # was taken as a job parameter, the parallelism unset
 
 
 SETTERS = {
