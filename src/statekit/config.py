@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statekit.errors import ConfigError
+from statekit.registry import backend_registry, storage_registry
 from statekit.values import (
     at_least,
     choice,
@@ -364,6 +365,7 @@ def env_name(key: str) -> str:
 
 
 _ENV_NAMES = {env_name(k): canonical(k) for k in (*KEYS, *_ALIASES)}
+_PLUGINS = {"state.backend.type": backend_registry, "state.checkpoint-storage": storage_registry}
 _ENV_NAMESPACES = tuple(env_name(n).rstrip("_") for n in NAMESPACES)
 
 
@@ -382,10 +384,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
             continue
         key = _ENV_NAMES.get(name)
         if key is not None:
+            registry = _PLUGINS.get(key)
             try:
                 validate({key: value})
+                if registry is not None and value.strip():
+                    registry.resolve(value)  # a backend or storage name: known, importable
             except ConfigError as exc:
-                raise ConfigError(name, str(exc).split(": ", 1)[-1]) from None
+                raise type(exc)(name, str(exc).split(": ", 1)[-1]) from None
             found[key] = value
         elif name.startswith(_ENV_NAMESPACES):
             raise ConfigError(name, "unknown statekit environment variable"

@@ -186,6 +186,11 @@ def test_a_malformed_environment_value_fails_even_when_the_job_overrides_it(monk
             {"execution.checkpointing.interval": "1 s"})
     assert info.value.key == "STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL"
     assert "cannot be negative, got '-3s'" in str(info.value)
+    monkeypatch.delenv("STATEKIT_EXECUTION_CHECKPOINTING_INTERVAL")
+    monkeypatch.setenv("STATEKIT_STATE_BACKEND_TYPE", "rocksbd")  # a backend name: resolved too
+    with pytest.raises(UnknownPluginError, match="STATEKIT_STATE_BACKEND_TYPE: unknown name "
+                                                 "'rocksbd'; did you mean 'rocksdb'"):
+        StreamExecutionEnvironment.get_execution_environment({"state.backend.type": "hashmap"})
 
 
 @pytest.mark.parametrize("conf, key", [
