@@ -135,6 +135,7 @@ def check_same_run(parser: argparse.ArgumentParser, work: str, args: argparse.Na
 
 
 def record_run(work: str, args: argparse.Namespace) -> None:
+    """Record the flags a rerun on ``work`` must repeat (:func:`check_same_run` reads them)."""
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "demo.json"), "w") as fh:
         json.dump(_shape(args), fh)
