@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, directory: str) -> int:
+    """The two runs and the check; the exit code (0: every result exact)."""
     all_events = events(args.events, args.users)
     half = len(all_events) // 2
 
