@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from statekit.cli import main
+from statekit.errors import CorruptCheckpointError
 from statekit.inspection import list_checkpoints, open_checkpoint, verify
 from tests.inspection.states import as_model, model, write_job
 from tests.spark.jobs import Outputs, RunningCount, expected, run_until_done, write_inputs
@@ -67,12 +69,28 @@ def test_foreach_batch_versions_by_batch(spark, tmp_path):
     assert counts(pd.read_parquet(tmp_path / "c.parquet")) == {
         k: c for k, (c, _) in expected(frame).items()}
     assert verify(checkpoint).ok
+    shutil.copytree(tmp_path / "query", tmp_path / "pristine")
     # small state lives inline in each version's _metadata: damage one of them
     victim = sorted((tmp_path / "query" / "statekit").rglob("p00001/chk-2/_metadata"))[0]
     victim.write_bytes(victim.read_bytes()[:-7])
     report = json.loads(cli("checkpoints", "verify", checkpoint, "--json", code=1))
     assert [(p["path"], p["error"]) for p in report["problems"]] == [
         (str(victim), "TruncatedCheckpointError")]
+    # a damaged, lost or missing newest version is an error, never the older state it hides
+    for damage in ("garbage", "no metadata", "no version", "no partition"):
+        copy = tmp_path / f"copy-{damage}"
+        shutil.copytree(tmp_path / "pristine", copy)
+        version = sorted((copy / "statekit").rglob("p00001/chk-2"))[0]
+        if damage == "garbage":
+            (version / "_metadata").write_bytes(b"not a checkpoint")
+        elif damage == "no metadata":
+            (version / "_metadata").unlink()
+        else:
+            shutil.rmtree(version if damage == "no version" else version.parent)
+        with pytest.raises(CorruptCheckpointError, match=r"partition 1 of 2|_metadata"):
+            open_checkpoint(str(copy))
+        assert "damaged checkpoint" in cli("state", "export", str(copy), "--state", "c", "--to",
+                                           str(tmp_path / f"{damage}.csv"), code=1)
 
 
 def as_of_markers(frame: pd.DataFrame, markers: pd.DataFrame) -> dict[str, tuple[int, int]]:

@@ -27,8 +27,8 @@ from statekit.errors import (
     CarriedStateError,
     CheckpointNotFoundError,
     ConfigError,
+    CorruptCheckpointError,
     StateError,
-    StatekitError,
 )
 from statekit.inspection import catalog
 from statekit.inspection.arrow import describe
@@ -201,6 +201,7 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
             if (cid := _version(listing, job, batch, include_tentative)) is not None])
         if not picked:
             raise CheckpointNotFoundError(f"no version at or before batch {batch} under {path}")
+        _check_every_partition(listing, picked, path)
         view = _view_of(listing, picked, "version")
         if query is not None:
             view.info = CheckpointInfo(**{**view.info.__dict__, "committed_batch": query.committed})
@@ -252,15 +253,36 @@ def _version(listing: catalog.Listing, job: catalog.JobDir, batch: int | None,
     for cid in sorted(job.complete, reverse=True):
         if batch is not None and cid < _SNAPSHOT_IDS and cid > batch:
             continue
-        try:
-            body = access.load(cid)
-        except StatekitError:
-            continue
+        body = access.load(cid)  # a damaged version is an error, never a fall back to older state
         if batch is not None and int(body.get("batch", cid)) > batch:
             continue
         if include_tentative or catalog.valid_snapshot(job, body):
             return cid
     return None
+
+
+def _check_every_partition(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]],
+                           path: str) -> None:
+    """Every partition of the run that wrote the batch holds that batch's version: each one
+    commits every batch, so a partition missing, or at an older version, lost its state (a
+    deleted directory or ``_metadata``), and reading on would report fewer keys or older values.
+    applyInPandasWithState snapshots (taken now and then) are left out."""
+    newest = max(cid for _, cid in picked)
+    if newest >= _SNAPSHOT_IDS:
+        return
+    have = {job.partition: (job, cid) for job, cid in picked}
+    first = have.get(0)
+    if first is None:
+        raise CorruptCheckpointError(f"{path}: partition 0 has no state version at or before "
+                                     f"batch {newest} (its directory is missing or damaged)")
+    count = listing.access(first[0]).load(first[1]).get("num_partitions")
+    for partition in range(count if isinstance(count, int) else 0):
+        found = have.get(partition)
+        if found is None or found[1] != newest:
+            held = "none" if found is None else f"version {found[1]}"
+            raise CorruptCheckpointError(
+                f"{path}: partition {partition} of {count} holds {held} where the others hold "
+                f"version {newest}: its state for that batch is missing or damaged")
 
 
 def _same_run(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]]
