@@ -197,3 +197,43 @@ def test_gc_dry_run_then_delete(tmp_path):
     report = json.loads(run("checkpoints", "gc", job.path, "--delete", "--json"))
     assert report["deleted"] and not orphan.exists()
     assert run("checkpoints", "verify", job.path).startswith("OK")
+
+
+def test_a_failed_export_or_convert_leaves_no_partial_output(tmp_path, monkeypatch):
+    """An export that fails leaves an existing target as it was (never an empty or truncated
+    file that reads as a smaller state), and a convert that fails leaves no partial savepoint;
+    mistakes in the output are usage errors (exit code 2), not tracebacks."""
+    job = write_job(str(tmp_path / "ck"), "rocksdb", True, str(tmp_path / "work"))
+    good = tmp_path / "out" / "count.csv"
+    run("state", "export", job.path, "--state", "count", "--to", str(good))
+    before = good.read_bytes()
+    for to, words in ((str(good.parent), "is a directory"), ("", "an output path is needed"),
+                      (str(good / "x.csv"), "cannot write")):
+        assert words in run("state", "export", job.path, "--state", "count", "--to", to, code=2)
+    assert "unknown or unavailable codec" in run(
+        "state", "export", job.path, "--state", "count", "--to", str(tmp_path / "c.parquet"),
+        "--compression", "nosuch", code=2)
+    for args, words in ((["--to", ""], "an output directory is needed"),
+                        (["--to", str(tmp_path / "sp"), "--operator", "nope"], "no operator"),
+                        (["--to", str(tmp_path / "sp"), "--max-parallelism", "0"], "must be in")):
+        assert words in run("savepoint", "convert", job.path, *args, code=2)
+    assert good.read_bytes() == before
+    sst = sorted((tmp_path / "ck" / job.job / "shared").iterdir())[0]
+    sst.write_bytes(sst.read_bytes()[:-100] + bytes(100))  # damaged: the export fails midway
+    assert "damaged checkpoint" in run("state", "export", job.path, "--state", "count", "--to",
+                                       str(good), code=1)
+    assert good.read_bytes() == before and sorted(good.parent.iterdir()) == [good]
+    assert "damaged checkpoint" in run("savepoint", "convert", job.path, "--to",
+                                       str(tmp_path / "sp"), code=1)
+    assert not (tmp_path / "sp").exists() or not any((tmp_path / "sp").iterdir())
+    # a convert that fails after writing some states (the last one's file damaged; every state
+    # written to a file of its own, none inline in the savepoint's metadata)
+    monkeypatch.setattr("statekit.inspection.convert.INLINE_THRESHOLD", 0)
+    heap = write_job(str(tmp_path / "heap"), "hashmap", True, str(tmp_path / "work2"))
+    last = sorted((tmp_path / "heap" / heap.job / "shared").glob("keyed-process-1-seen-base-*"))[0]
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    last.write_bytes(bytes(data))
+    assert "damaged checkpoint" in run("savepoint", "convert", heap.path, "--to",
+                                       str(tmp_path / "sp2"), code=1)
+    assert not (tmp_path / "sp2").exists() or not any((tmp_path / "sp2").iterdir())

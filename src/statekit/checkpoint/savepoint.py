@@ -35,6 +35,12 @@ class Savepoint:
         self.store.put(METADATA, encode_metadata({**body, "layout": "savepoint"}))
         return self.path
 
+    def abort(self) -> None:
+        """Remove what a savepoint that will not be committed wrote (its directory is its own:
+        a fresh name), so that no partial savepoint is left where nothing lists or sweeps it."""
+        self.store.delete_prefix("")
+        self.store.remove_if_empty()
+
 
 def open_external(path: str, storage_options: dict[str, Any] | None = None,
                   retry: RetryPolicy | None = None, fallback_to_older: bool = False

@@ -10,6 +10,7 @@ buckets on local disk first, then written bucket by bucket, so memory holds one 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -127,19 +128,37 @@ def convert_savepoint(source: str | CheckpointView, target_dir: str, *,
     """
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
         source, batch=batch, storage_options=storage_options)
+    if not str(target_dir).strip():
+        raise ConfigError("to", "an output directory is needed")
     view.check_outside(target_dir)
     operators = view.operators
     if operator is None and len(operators) > 1:
         raise StateError(f"{view.path} holds operators {', '.join(operators)}; name one")
+    if operator is not None and operator not in operators:  # would write an empty savepoint
+        raise StateError(f"{view.path} holds no operator {operator!r} (operators: "
+                         f"{', '.join(operators) or 'none'})")
     op = operator or (operators[0] if operators else "")
-    maxp = int(max_parallelism or view.info.max_parallelism or
-               next((s.max_parallelism for s in view.sources), 128))
+    maxp = int(max_parallelism if max_parallelism is not None else (
+        view.info.max_parallelism or next((s.max_parallelism for s in view.sources), 128)))
     if not 0 < maxp <= UPPER_BOUND_MAX_PARALLELISM:
         raise ConfigError("max_parallelism", f"must be in 1..{UPPER_BOUND_MAX_PARALLELISM}, got {maxp}")
     name = _backend_name(backend, view.info.backend or "hashmap")
     body = view.metadata
     job_id = str(body.get("job_id") or body.get("query_id") or "converted")
     savepoint = Savepoint(target_dir, job_id, target_options)
+    try:
+        return _convert(view, savepoint, op, maxp, name, include_internal, keep_operator_state,
+                        progress)
+    except BaseException:  # nothing partial is left behind (no listing or sweep would find it)
+        with contextlib.suppress(Exception):
+            savepoint.abort()
+        raise
+
+
+def _convert(view: CheckpointView, savepoint: Savepoint, op: str, maxp: int, name: str,
+             include_internal: bool, keep_operator_state: bool, progress: Progress) -> str:
+    """Write the savepoint's states and commit it; its path."""
+    body = view.metadata
     streams = savepoint.streams("converted", INLINE_THRESHOLD)
     work = workdirs.create(tempfile.gettempdir(), "statekit-convert-")
     try:

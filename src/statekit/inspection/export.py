@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -20,6 +21,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from statekit.checkpoint.blobstore.base import is_url
+from statekit.errors import ConfigError
 from statekit.inspection.arrow import TypeChoice, to_json
 from statekit.inspection.model import _Record
 from statekit.inspection.views import CheckpointView, open_checkpoint
@@ -45,9 +47,21 @@ def _sink(target: str, options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
     parts as it fills, completing on close; a failed export leaves no object behind)."""
     if not is_url(target) or target.startswith("file://"):
         path = target[len("file://"):] if target.startswith("file://") else target
-        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-        with open(path, "wb") as fh:
-            yield fh
+        # written beside the target and renamed over it once complete: a failed export leaves
+        # an existing file as it was, never a truncated or empty one in its place
+        partial = f"{path}.partial-{uuid.uuid4().hex[:8]}"
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+            fh = open(partial, "wb")  # noqa: SIM115 - closed below, renamed only when complete
+        except OSError as exc:
+            raise ConfigError("to", f"cannot write {path}: {exc.strerror or exc}") from None
+        try:
+            with fh:
+                yield fh
+            os.replace(partial, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
         return
     import fsspec
 
@@ -155,6 +169,14 @@ def write_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, fh: IO[b
     return rows
 
 
+def _codec(name: str) -> bool:
+    """Whether pyarrow knows and has the compression codec ``name``."""
+    try:
+        return bool(pa.Codec.is_available(name))
+    except (ValueError, pa.ArrowException):
+        return False
+
+
 def export_state(source: str | CheckpointView, state: str | None, to: str, *, fmt: str = "parquet",
                  operator: str | None = None, batch: int | None = None,
                  storage_options: dict[str, Any] | None = None,
@@ -169,6 +191,13 @@ def export_state(source: str | CheckpointView, state: str | None, to: str, *, fm
         raise ValueError("name a state or ask for the timers (timers=True), not both")
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if not str(to).strip():
+        raise ConfigError("to", "an output path is needed")
+    if (not is_url(to) or to.startswith("file://")) and os.path.isdir(to.removeprefix("file://")):
+        raise ConfigError("to", f"{to} is a directory: name the file to write")
+    if fmt == "parquet" and compression not in (None, "none") and not _codec(str(compression)):
+        raise ConfigError("compression", f"unknown or unavailable codec {compression!r}; "
+                          "expected one of snappy, gzip, brotli, zstd, lz4, none")
     view = source if isinstance(source, CheckpointView) else open_checkpoint(
         source, batch=batch, storage_options=storage_options)
     view.check_outside(to)

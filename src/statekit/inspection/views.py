@@ -134,6 +134,9 @@ class CheckpointView:
         if len(found) == 1:
             return found[0]
         if not found:
+            if operator is not None and operator not in self.operators:
+                raise StateError(f"{self.path} holds no operator {operator!r} (operators: "
+                                 f"{', '.join(self.operators) or 'none'})", name)
             known = ", ".join(sorted({s.name for s in [*self.states(), *self.operator_states()]
                                       })) or "none"
             raise StateError(f"no such state in {self.path} (states: {known})", name)
