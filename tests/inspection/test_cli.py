@@ -237,3 +237,18 @@ def test_a_failed_export_or_convert_leaves_no_partial_output(tmp_path, monkeypat
     assert "damaged checkpoint" in run("savepoint", "convert", heap.path, "--to",
                                        str(tmp_path / "sp2"), code=1)
     assert not (tmp_path / "sp2").exists() or not any((tmp_path / "sp2").iterdir())
+
+
+def test_a_selector_that_cannot_apply_is_refused(jobs, tmp_path):
+    """--batch picks a Spark query's state and --checkpoint-id a job's checkpoint: given where
+    it cannot apply, it is refused (it was ignored, showing another checkpoint than asked)."""
+    path = jobs["hashmap"].path
+    out = run("checkpoints", "inspect", path, "--batch", "2", code=2)
+    assert "--batch cannot apply" in out and "--checkpoint-id" in out
+    assert "--batch cannot apply" in run("state", "export", path, "--state", "count", "--batch",
+                                         "2", "--to", str(tmp_path / "c.csv"), code=2)
+    assert not (tmp_path / "c.csv").exists()
+    chk = jobs["hashmap"].chk(2)
+    assert "--checkpoint-id cannot apply" in run("checkpoints", "inspect", chk,
+                                                 "--checkpoint-id", "1", code=2)
+    run("checkpoints", "inspect", path, "--checkpoint-id", "2")  # where it applies

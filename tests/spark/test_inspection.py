@@ -66,6 +66,8 @@ def test_foreach_batch_versions_by_batch(spark, tmp_path):
     # a batch after the last committed one is not there (it was shown as the last one)
     assert "last committed batch is 2" in cli("checkpoints", "inspect", checkpoint, "--batch", "9",
                                               code=2)
+    assert "--checkpoint-id cannot apply" in cli("checkpoints", "inspect", checkpoint,
+                                                 "--checkpoint-id", "1", code=2)
     assert counts(pd.read_parquet(tmp_path / "c.parquet")) == {
         k: c for k, (c, _) in expected(frame).items()}
     assert verify(checkpoint).ok

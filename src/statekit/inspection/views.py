@@ -165,11 +165,13 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
         path = path[: -len(METADATA) - 1]
     options = dict(storage_options or {})
     if (chk := _CHK_DIR.match(posixpath.basename(path))) is not None:
+        _only(None, checkpoint_id, batch, path)
         listing = catalog.scan(posixpath.dirname(path), options)
         job = listing.jobs.get("") or catalog.JobDir("")
         return _view_of(listing, [(job, int(chk.group(1)))], "checkpoint")
     store = catalog.open_store(path, options)
     if store.exists(METADATA):
+        _only(None, checkpoint_id, batch, path)
         body = decode_metadata(store.get(METADATA), f"{path}/{METADATA}")
         listing = catalog.Listing(path, store, options, {}, [""], [])
         info = catalog.savepoint_info(listing, "")
@@ -180,6 +182,7 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
     listing = catalog.scan(path, options)
     spark = catalog.jobs_of(listing, ["spark"])
     if spark or listing.carried:
+        _only("batch", checkpoint_id, batch, path)
         query = find_query(path, options)
         if query is not None and batch is not None and (query.committed is None
                                                         or batch > query.committed):
@@ -210,6 +213,7 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
             view.info = CheckpointInfo(**{**view.info.__dict__, "committed_batch": query.committed})
         return view
     jobs = [job for job in catalog.jobs_of(listing, ["job"]) if job.complete]
+    _only("checkpoint_id" if jobs else None, checkpoint_id, batch, path)
     if len(jobs) == 1:
         job = jobs[0]
         cid = max(job.complete) if checkpoint_id is None else checkpoint_id
@@ -224,6 +228,19 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
         raise CheckpointNotFoundError(f"no complete checkpoint or savepoint under {path}")
     raise CheckpointNotFoundError(f"{path} holds {len(candidates)} jobs or savepoints; open one "
                                   f"of: {', '.join(candidates[:10])}")
+
+
+def _only(allowed: str | None, checkpoint_id: int | None, batch: int | None, path: str) -> None:
+    """A ConfigError for a selector that cannot take effect here (it was ignored): a job's
+    checkpoints are picked by id, a Spark query's state by batch, a savepoint or a ``chk-<n>``
+    directory by neither."""
+    for name, value, flag in (("checkpoint_id", checkpoint_id, "--checkpoint-id"),
+                              ("batch", batch, "--batch")):
+        if value is not None and name != allowed:
+            what = {None: "names one checkpoint or savepoint", "batch": "holds Spark query state "
+                    "(pick it with --batch)", "checkpoint_id": "holds a job's checkpoints (pick "
+                    "one with --checkpoint-id)"}[allowed]
+            raise ConfigError(name, f"{flag} cannot apply: {path} {what}")
 
 
 def _carries(job: catalog.JobDir) -> bool:
