@@ -48,13 +48,13 @@ def _number_with_unit(key: str, value: Any, units: dict[str, int], what: str, ex
         if not math.isfinite(value) or abs(value) > MAX_INT:
             raise ConfigError(key, f"expected a finite {what} in range, got {value!r}")
         return int(value)
-    match = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in ({""} | set(units)):
-        if re.fullmatch(r"\s*-\s*\d[\d.]*\s*[A-Za-z]*\s*", str(value)):
-            raise ConfigError(key, f"a {what} cannot be negative, got {value!r}")
+    match = re.fullmatch(r"\s*(-\s*)?(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", str(value))
+    if not match or match.group(3).lower() not in ({""} | set(units)):
         raise ConfigError(key, f"expected a {what} such as {example}, got {value!r}")
-    factor = units.get(match.group(2).lower(), 1)
-    return bounded(key, int(float(match.group(1)) * factor))
+    if match.group(1):
+        raise ConfigError(key, f"a {what} cannot be negative, got {value!r}")
+    factor = units.get(match.group(3).lower(), 1)
+    return bounded(key, int(float(match.group(2)) * factor))
 
 
 def parse_duration_ms(key: str, value: Any) -> int:

@@ -202,12 +202,11 @@ def open_checkpoint(path: str, *, checkpoint_id: int | None = None, batch: int |
                 f"{path} holds the state of {len(queries)} queries; open one of: "
                 + ", ".join(catalog._join(path, posixpath.dirname(job.operator or ""))
                             for job in {j.spark_names()[0]: j for j in spark}.values()))
-        picked = _same_run(listing, [
-            (job, cid) for job in spark
-            if (cid := _version(listing, job, batch, include_tentative)) is not None])
-        if not picked:
+        found = [(job, cid) for job in spark
+                 if (cid := _version(listing, job, batch, include_tentative)) is not None]
+        if not found:
             raise CheckpointNotFoundError(f"no version at or before batch {batch} under {path}")
-        _check_every_partition(listing, picked, path)
+        picked = _same_run(listing, found, path)
         view = _view_of(listing, picked, "version")
         if query is not None:
             view.info = CheckpointInfo(**{**view.info.__dict__, "committed_batch": query.committed})
@@ -281,39 +280,33 @@ def _version(listing: catalog.Listing, job: catalog.JobDir, batch: int | None,
     return None
 
 
-def _check_every_partition(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]],
-                           path: str) -> None:
-    """Every partition of the run that wrote the batch holds that batch's version: each one
-    commits every batch, so a partition missing, or at an older version, lost its state (a
-    deleted directory or ``_metadata``), and reading on would report fewer keys or older values.
-    applyInPandasWithState snapshots (taken now and then) are left out."""
-    newest = max(cid for _, cid in picked)
-    if newest >= _SNAPSHOT_IDS:
-        return
-    have = {job.partition: (job, cid) for job, cid in picked}
-    first = have.get(0)
-    if first is None:
-        raise CorruptCheckpointError(f"{path}: partition 0 has no state version at or before "
-                                     f"batch {newest} (its directory is missing or damaged)")
-    count = listing.access(first[0]).load(first[1]).get("num_partitions")
-    for partition in range(count if isinstance(count, int) else 0):
-        found = have.get(partition)
-        if found is None or found[1] != newest:
-            held = "none" if found is None else f"version {found[1]}"
-            raise CorruptCheckpointError(
-                f"{path}: partition {partition} of {count} holds {held} where the others hold "
-                f"version {newest}: its state for that batch is missing or damaged")
-
-
-def _same_run(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]]
+def _same_run(listing: catalog.Listing, picked: list[tuple[catalog.JobDir, int]], path: str
               ) -> list[tuple[catalog.JobDir, int]]:
     """The partitions of the run that wrote the batch: after a ``foreach_batch`` query's
     partition count fell, the partitions it no longer has keep their older versions (the
-    count is partition 0's, which every run writes)."""
-    counts: dict[Any, Any] = {}
+    count is partition 0's, which every run writes).
+
+    Each partition of that run commits every batch, so one missing, or at an older version,
+    lost its state (a deleted directory or ``_metadata``): a CorruptCheckpointError, never fewer
+    keys or older values.  applyInPandasWithState snapshots (taken now and then) are left out."""
+    operators: dict[Any, dict[int | None, tuple[catalog.JobDir, int]]] = {}
     for job, cid in picked:
-        if job.partition == 0:
-            counts[job.spark_names()] = listing.access(job).load(cid).get("num_partitions")
+        operators.setdefault(job.spark_names(), {})[job.partition] = (job, cid)
+    counts: dict[Any, Any] = {}
+    for names, have in operators.items():
+        first = have.get(0)
+        count = counts[names] = None if first is None else listing.access(first[0]).load(
+            first[1]).get("num_partitions")
+        newest = max(cid for _, cid in have.values())
+        if newest >= _SNAPSHOT_IDS:
+            continue
+        for partition in range(count if isinstance(count, int) else 1):
+            found = have.get(partition)
+            if found is None or found[1] != newest:
+                held = "none" if found is None else f"version {found[1]}"
+                raise CorruptCheckpointError(
+                    f"{path}: partition {partition} of {count or '?'} holds {held} where the "
+                    f"others hold version {newest}: its state for that batch is missing or damaged")
     return [(job, cid) for job, cid in picked
             if not isinstance(n := counts.get(job.spark_names()), int) or job.partition < n]
 
